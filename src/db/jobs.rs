@@ -1,0 +1,338 @@
+//! Queue SQL: enqueue (with dedupe keys), the one atomic claim for free
+//! slots, lease heartbeat, completion, retry with backoff, release, the
+//! rescuer's statements and pruning.
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::Row;
+
+use super::{DbResult, WriteCtx};
+use crate::types::JobKind;
+
+/// A job to insert.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    pub kind: JobKind,
+    pub agent_id: Option<String>,
+    pub payload: String,
+    pub priority: i64,
+    /// None = now.
+    pub run_at: Option<i64>,
+    pub max_attempts: i64,
+    pub dedupe_key: Option<String>,
+}
+
+impl NewJob {
+    /// A job of `kind` with an empty payload, due now.
+    pub fn new(kind: JobKind, max_attempts: i64) -> Self {
+        Self {
+            kind,
+            agent_id: None,
+            payload: "{}".into(),
+            priority: 0,
+            run_at: None,
+            max_attempts,
+            dedupe_key: None,
+        }
+    }
+}
+
+/// A job a worker now holds the lease of.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ClaimedJob {
+    pub id: i64,
+    pub kind: JobKind,
+    pub agent_id: Option<String>,
+    pub payload: String,
+    pub attempts: i64,
+    pub max_attempts: i64,
+}
+
+/// Inserts one job; `None` when its dedupe key (or the one-live-turn rule)
+/// already holds a job.
+pub async fn insert(ctx: &mut WriteCtx, job: &NewJob) -> DbResult<Option<i64>> {
+    let run_at = job.run_at.unwrap_or(ctx.now);
+    let id: Option<i64> = sqlx::query_scalar(
+        "INSERT OR IGNORE INTO jobs
+             (kind, agent_id, payload, state, priority, run_at, max_attempts, dedupe_key, created_at)
+         VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?)
+         RETURNING id",
+    )
+    .bind(job.kind)
+    .bind(&job.agent_id)
+    .bind(&job.payload)
+    .bind(job.priority)
+    .bind(run_at)
+    .bind(job.max_attempts)
+    .bind(&job.dedupe_key)
+    .bind(ctx.now)
+    .fetch_optional(&mut ctx.conn)
+    .await?;
+    if id.is_some() && run_at <= ctx.now {
+        ctx.effects.job_ready = true;
+    }
+    Ok(id)
+}
+
+/// Enqueues a turn of `agent_id` unless one is already queued or running.
+pub async fn enqueue_turn(ctx: &mut WriteCtx, agent_id: &str, max_attempts: i64) -> DbResult<bool> {
+    let mut job = NewJob::new(JobKind::Turn, max_attempts);
+    job.agent_id = Some(agent_id.to_string());
+    Ok(insert(ctx, &job).await?.is_some())
+}
+
+/// Claims up to `limit` due jobs in one statement: sets the lease owner and
+/// expiry and counts the attempt.
+pub async fn claim(
+    ctx: &mut WriteCtx,
+    node: &str,
+    owner: &str,
+    limit: i64,
+    lease_ms: i64,
+) -> DbResult<Vec<ClaimedJob>> {
+    let rows = sqlx::query_as::<_, ClaimedJob>(
+        "UPDATE jobs
+            SET state = 'running', lease_node = ?, lease_owner = ?, lease_expires_at = ?,
+                attempts = attempts + 1
+          WHERE id IN (SELECT id FROM jobs
+                        WHERE state = 'queued' AND run_at <= ?
+                        ORDER BY priority DESC, run_at, id
+                        LIMIT ?)
+         RETURNING id, kind, agent_id, payload, attempts, max_attempts",
+    )
+    .bind(node)
+    .bind(owner)
+    .bind(ctx.now + lease_ms)
+    .bind(ctx.now)
+    .bind(limit)
+    .fetch_all(&mut ctx.conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Extends every lease this owner holds, in one statement.
+pub async fn heartbeat(ctx: &mut WriteCtx, owner: &str, lease_ms: i64) -> DbResult<u64> {
+    let r = sqlx::query(
+        "UPDATE jobs SET lease_expires_at = ? WHERE state = 'running' AND lease_owner = ?",
+    )
+    .bind(ctx.now + lease_ms)
+    .bind(owner)
+    .execute(&mut ctx.conn)
+    .await?;
+    Ok(r.rows_affected())
+}
+
+/// Marks a held job completed. False when the lease was lost meanwhile.
+pub async fn complete(
+    conn: &mut SqliteConnection,
+    now: i64,
+    id: i64,
+    owner: &str,
+) -> DbResult<bool> {
+    let r = sqlx::query(
+        "UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
+          WHERE id = ? AND state = 'running' AND lease_owner = ?",
+    )
+    .bind(now)
+    .bind(id)
+    .bind(owner)
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Completes many held jobs in one statement (the queue benchmark's drain).
+pub async fn complete_many(ctx: &mut WriteCtx, ids: &[i64], owner: &str) -> DbResult<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
+    let r = sqlx::query(
+        "UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
+          WHERE id IN (SELECT value FROM json_each(?)) AND state = 'running' AND lease_owner = ?",
+    )
+    .bind(ctx.now)
+    .bind(list)
+    .bind(owner)
+    .execute(&mut ctx.conn)
+    .await?;
+    Ok(r.rows_affected())
+}
+
+/// What happened to a job that failed an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobFate {
+    /// Back in the queue for `run_at`.
+    Retrying,
+    /// Out of attempts.
+    Failed,
+    /// The lease was lost; someone else owns the job now.
+    LeaseLost,
+}
+
+/// Retries the job at `retry_at` if attempts remain, else fails it.
+pub async fn retry_or_fail(
+    ctx: &mut WriteCtx,
+    id: i64,
+    owner: &str,
+    error: &str,
+    retry_at: i64,
+) -> DbResult<JobFate> {
+    let row = sqlx::query(
+        "UPDATE jobs
+            SET state = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
+                run_at = ?, last_error = ?, lease_owner = NULL, lease_expires_at = NULL,
+                finished_at = CASE WHEN attempts >= max_attempts THEN ? ELSE NULL END
+          WHERE id = ? AND state = 'running' AND lease_owner = ?
+         RETURNING state",
+    )
+    .bind(retry_at)
+    .bind(error)
+    .bind(ctx.now)
+    .bind(id)
+    .bind(owner)
+    .fetch_optional(&mut ctx.conn)
+    .await?;
+    Ok(match row {
+        None => JobFate::LeaseLost,
+        Some(r) => {
+            if r.get::<String, _>(0) == "failed" {
+                JobFate::Failed
+            } else {
+                JobFate::Retrying
+            }
+        }
+    })
+}
+
+/// Fails a held job at once (no retry).
+pub async fn fail(
+    conn: &mut SqliteConnection,
+    now: i64,
+    id: i64,
+    owner: &str,
+    error: &str,
+) -> DbResult<bool> {
+    let r = sqlx::query(
+        "UPDATE jobs SET state = 'failed', last_error = ?, finished_at = ?, lease_owner = NULL,
+                         lease_expires_at = NULL
+          WHERE id = ? AND state = 'running' AND lease_owner = ?",
+    )
+    .bind(error)
+    .bind(now)
+    .bind(id)
+    .bind(owner)
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Gives a held job back to the queue untouched (graceful shutdown); the
+/// attempt it cost is returned too.
+pub async fn release(conn: &mut SqliteConnection, id: i64, owner: &str) -> DbResult<bool> {
+    let r = sqlx::query(
+        "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL,
+                         attempts = MAX(attempts - 1, 0)
+          WHERE id = ? AND state = 'running' AND lease_owner = ?",
+    )
+    .bind(id)
+    .bind(owner)
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Start-up rescue: every job this node's previous instances held goes back
+/// to the queue at once (they cannot be running: that process is gone).
+pub async fn rescue_node(ctx: &mut WriteCtx, node: &str, me: &str) -> DbResult<u64> {
+    let r = sqlx::query(
+        "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL, run_at = ?
+          WHERE state = 'running' AND lease_node = ? AND lease_owner <> ?",
+    )
+    .bind(ctx.now)
+    .bind(node)
+    .bind(me)
+    .execute(&mut ctx.conn)
+    .await?;
+    if r.rows_affected() > 0 {
+        ctx.effects.job_ready = true;
+    }
+    Ok(r.rows_affected())
+}
+
+/// A job the rescuer took back from an expired lease.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RescuedJob {
+    pub id: i64,
+    pub kind: JobKind,
+    pub agent_id: Option<String>,
+    pub state: String,
+}
+
+/// Periodic rescue, one guarded statement: expired leases go back to the
+/// queue, or fail when out of attempts.
+pub async fn rescue_expired(ctx: &mut WriteCtx) -> DbResult<Vec<RescuedJob>> {
+    let rows = sqlx::query_as::<_, RescuedJob>(
+        "UPDATE jobs
+            SET state = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
+                finished_at = CASE WHEN attempts >= max_attempts THEN ? ELSE NULL END,
+                last_error = 'lease expired', lease_owner = NULL, lease_expires_at = NULL
+          WHERE state = 'running' AND lease_expires_at < ?
+         RETURNING id, kind, agent_id, state",
+    )
+    .bind(ctx.now)
+    .bind(ctx.now)
+    .fetch_all(&mut ctx.conn)
+    .await?;
+    if rows.iter().any(|r| r.state == "queued") {
+        ctx.effects.job_ready = true;
+    }
+    Ok(rows)
+}
+
+/// Cancels the queued jobs of these agents (they will never run).
+pub async fn cancel_queued_for_agent(ctx: &mut WriteCtx, agent_id: &str) -> DbResult<u64> {
+    let r = sqlx::query(
+        "UPDATE jobs SET state = 'cancelled', finished_at = ?
+          WHERE agent_id = ? AND state = 'queued'",
+    )
+    .bind(ctx.now)
+    .bind(agent_id)
+    .execute(&mut ctx.conn)
+    .await?;
+    Ok(r.rows_affected())
+}
+
+/// When the earliest queued job becomes due (the dispatcher sleeps until then).
+pub async fn next_run_at(pool: &sqlx::SqlitePool) -> DbResult<Option<i64>> {
+    Ok(
+        sqlx::query_scalar("SELECT MIN(run_at) FROM jobs WHERE state = 'queued'")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Deletes up to `limit` finished jobs older than `before`.
+pub async fn prune(ctx: &mut WriteCtx, before: i64, limit: i64) -> DbResult<u64> {
+    let r = sqlx::query(
+        "DELETE FROM jobs WHERE id IN (
+            SELECT id FROM jobs
+             WHERE state IN ('completed','failed','cancelled') AND finished_at < ?
+             LIMIT ?)",
+    )
+    .bind(before)
+    .bind(limit)
+    .execute(&mut ctx.conn)
+    .await?;
+    Ok(r.rows_affected())
+}
+
+/// Counts jobs by state (metrics, tests, benchmarks).
+pub async fn count_by_state(pool: &sqlx::SqlitePool) -> DbResult<Vec<(String, i64)>> {
+    let rows = sqlx::query("SELECT state, COUNT(*) FROM jobs GROUP BY state ORDER BY state")
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1)))
+        .collect())
+}
