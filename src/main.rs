@@ -43,6 +43,8 @@ async fn shutdown_signal() {
 async fn serve(config: std::path::PathBuf) -> anyhow::Result<()> {
     let cfg = Config::load(&config)?;
     let app = App::start(cfg).await?;
+    // One machine-readable line for scripts and tests that bind port 0.
+    println!("agentq listening on {}", app.url());
     shutdown_signal().await;
     tracing::info!("shutting down");
     app.shutdown().await;

@@ -40,7 +40,7 @@ pub fn routes() -> Router<Arc<Core>> {
 pub async fn agent_for(core: &Core, user: &User, r: &str) -> Result<AgentRow, ApiError> {
     let res = resolve(core, &user.name, r).await?;
     match res {
-        Resolved::Ok(a) => Ok(a),
+        Resolved::Ok(a) => Ok(*a),
         Resolved::Invalid(_) => Err(ApiError::bad_request(describe_failure(r, &res))),
         Resolved::None(_) => Err(ApiError::not_found(describe_failure(r, &res))),
         Resolved::Ambiguous(_) => Err(ApiError::new(

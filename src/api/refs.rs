@@ -10,7 +10,7 @@ use crate::handles;
 /// How a reference resolved.
 #[derive(Debug)]
 pub enum Resolved {
-    Ok(AgentRow),
+    Ok(Box<AgentRow>),
     /// Nothing matches; the open handles of the user (up to 10).
     None(Vec<String>),
     /// Several match; their handles.
@@ -28,7 +28,7 @@ pub async fn resolve(core: &Core, user: &str, r: &str) -> Result<Resolved, DbErr
     let pool = core.db.reader();
     if handles::is_full_uuid(&s) {
         return Ok(match agents::get(pool, &s).await? {
-            Some(a) if a.user_name == user => Resolved::Ok(a),
+            Some(a) if a.user_name == user => Resolved::Ok(Box::new(a)),
             _ => Resolved::None(open_handles(core, user).await?),
         });
     }
@@ -36,7 +36,7 @@ pub async fn resolve(core: &Core, user: &str, r: &str) -> Result<Resolved, DbErr
     match ids.len() {
         0 => Ok(Resolved::None(open_handles(core, user).await?)),
         1 => Ok(match agents::get(pool, &ids[0]).await? {
-            Some(a) => Resolved::Ok(a),
+            Some(a) => Resolved::Ok(Box::new(a)),
             None => Resolved::None(Vec::new()),
         }),
         _ => {

@@ -60,14 +60,14 @@ pub fn find_script(messages: &[ChatMessage]) -> Option<Vec<Value>> {
     None
 }
 
+/// A conversation is identified by its system prompt and first user
+/// message (where the script lives); the counter is per step.
 fn conversation_key(messages: &[ChatMessage], step: usize) -> u64 {
     let mut h = DefaultHasher::new();
     step.hash(&mut h);
-    for m in messages {
-        m.role.as_str().hash(&mut h);
-        m.content.hash(&mut h);
-        for c in &m.tool_calls {
-            c.id.hash(&mut h);
+    for role in [MsgRole::System, MsgRole::User] {
+        if let Some(m) = messages.iter().find(|m| m.role == role) {
+            m.content.hash(&mut h);
         }
     }
     h.finish()

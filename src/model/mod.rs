@@ -280,8 +280,7 @@ impl ModelRouter {
 pub fn backoff(base_ms: u64, attempt: u32) -> Duration {
     let cap = base_ms
         .saturating_mul(1u64 << attempt.min(16))
-        .min(30_000)
-        .max(1);
+        .clamp(1, 30_000);
     let ms = rand::thread_rng().gen_range(cap / 2..=cap);
     Duration::from_millis(ms)
 }

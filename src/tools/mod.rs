@@ -194,6 +194,16 @@ pub struct Narrowing<'a> {
     pub max_level: i64,
 }
 
+/// The built-in tools this configuration enables.
+pub fn builtin_catalog(cfg: &crate::config::Config) -> Catalog {
+    let mut c = Catalog::new();
+    if cfg.tools.debug {
+        c.register(Arc::new(debug::Echo));
+        c.register(Arc::new(debug::Sleep));
+    }
+    c
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,14 +284,4 @@ mod tests {
         });
         assert_eq!(eff, v(&["a", "spawn"]));
     }
-}
-
-/// The built-in tools this configuration enables.
-pub fn builtin_catalog(cfg: &crate::config::Config) -> Catalog {
-    let mut c = Catalog::new();
-    if cfg.tools.debug {
-        c.register(Arc::new(debug::Echo));
-        c.register(Arc::new(debug::Sleep));
-    }
-    c
 }

@@ -98,7 +98,7 @@ async fn run(
     token: &mut Option<i64>,
 ) -> Result<(), Halt> {
     let (mut agent, resumed) = match steps::start(core, agent_id, job).await? {
-        Start::Run { agent, resumed } => (agent, resumed),
+        Start::Run { agent, resumed } => (*agent, resumed),
         Start::Skip => return Ok(()),
     };
     *token = Some(agent.run_token);

@@ -34,7 +34,7 @@ async fn guard(ctx: &mut WriteCtx, agent_id: &str, run_token: i64) -> DbResult<(
 #[derive(Debug)]
 pub enum Start {
     /// Run the turn; the row carries the new run token.
-    Run { agent: AgentRow, resumed: bool },
+    Run { agent: Box<AgentRow>, resumed: bool },
     /// Nothing to run (agent settled, gone, or quarantined); the job is done.
     Skip,
 }
@@ -88,7 +88,10 @@ pub async fn start(core: &Arc<Core>, agent_id: &str, job: &ClaimedJob) -> DbResu
                     .agent_ref()
                     .event(EventKind::TurnStarted, ctx.now, json!({"resumed": resumed}));
                 events::emit(ctx, ev).await?;
-                Ok(Start::Run { agent, resumed })
+                Ok(Start::Run {
+                    agent: Box::new(agent),
+                    resumed,
+                })
             })
         })
         .await

@@ -1,0 +1,196 @@
+//! Crash tests: the real binary, SIGKILLed mid-flight and restarted on the
+//! same database.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::{read_lines, repo, scripted, Binary, Env, Harness};
+
+fn write_config(env: &Env, overrides: &str) -> std::path::PathBuf {
+    let p = env.path("agentq.toml");
+    std::fs::write(&p, env.config_text(overrides)).unwrap();
+    p
+}
+
+async fn recorded_tool_results(db: &std::path::Path) -> HashSet<String> {
+    use sqlx::Connection;
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    let ids: Vec<String> =
+        sqlx::query_scalar("SELECT tool_call_id FROM messages WHERE role = 'tool'")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    conn.close().await.unwrap();
+    ids.into_iter().collect()
+}
+
+/// Polls (bounded) until `f` holds.
+async fn until(what: &str, f: impl Fn() -> bool) {
+    for _ in 0..6000 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what} never happened");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_start_serves_the_default_config_and_submit_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_agentq");
+    let mut child = std::process::Command::new(bin)
+        .arg("serve")
+        .current_dir(repo())
+        .env("AGENTQ_DATABASE_PATH", dir.path().join("q.db"))
+        .env("AGENTQ_SERVER_BIND", "127.0.0.1:0")
+        .env("AGENTQ_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    use std::io::BufRead;
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    out.read_line(&mut line).unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("agentq listening on ")
+        .unwrap()
+        .to_string();
+    let submit = tokio::process::Command::new(bin)
+        .args(["submit", "hello", "--wait"])
+        .env("AGENTQ_URL", &url)
+        .output()
+        .await
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(submit.status.success(), "{submit:?}");
+    assert_eq!(String::from_utf8_lossy(&submit.stdout), "ok: hello\n");
+
+    // Exit code 2 when the server is unreachable.
+    let down = tokio::process::Command::new(bin)
+        .args(["submit", "hello", "--wait"])
+        .env("AGENTQ_URL", &url)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(down.status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_flight_loses_nothing_and_reruns_nothing_recorded() {
+    let env = Env::new().await;
+    let cfg = write_config(&env, "");
+    let first = Binary::start(&cfg, &env.path("stderr.log"));
+    let h = Harness::remote(&first.url);
+    let mut ids = Vec::new();
+    for i in 0..200 {
+        let steps: Vec<Value> = (0..4)
+            .map(|k| json!({"call": [{"name": "echo", "args": {"text": format!("{i}-{k}")}}], "delay_ms": 5 + (i % 7) * 3}))
+            .chain([json!({"say": format!("agent {i} done"), "delay_ms": 5})])
+            .collect();
+        let a = h
+            .submit_task(&scripted(&format!("crash agent {i}"), json!(steps)))
+            .await;
+        ids.push(a["id"].as_str().unwrap().to_string());
+    }
+    until("half of the model calls", || env.mock_log().len() >= 500).await;
+    let first_pid = first.pid();
+    first.kill();
+    let before = recorded_tool_results(&env.path("agentq.db")).await;
+    assert!(
+        !before.is_empty() && before.len() < 800,
+        "killed mid-flight: {} results",
+        before.len()
+    );
+
+    let second = Binary::start(&cfg, &env.path("stderr.log"));
+    let h = Harness::remote(&second.url);
+    for id in &ids {
+        let a = h.wait_settled(id, Duration::from_secs(120)).await;
+        assert_eq!(a["status"], "done", "{a}");
+        let msgs = h.messages(id).await;
+        let calls: Vec<String> = msgs
+            .iter()
+            .filter(|m| m["role"] == "assistant")
+            .flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default())
+            .map(|c| c["id"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(calls.len(), 4, "{id}");
+        let mut results: HashMap<String, usize> = HashMap::new();
+        for m in msgs.iter().filter(|m| m["role"] == "tool") {
+            *results
+                .entry(m["tool_call_id"].as_str().unwrap().to_string())
+                .or_default() += 1;
+        }
+        for c in &calls {
+            assert_eq!(
+                results.get(c),
+                Some(&1),
+                "call {c} of {id} must have exactly one result"
+            );
+        }
+        assert_eq!(results.len(), 4);
+    }
+    let log = read_lines(&env.path("debug.log"));
+    let second_pid = second.pid() as u64;
+    let rerun: Vec<&Value> = log
+        .iter()
+        .filter(|l| l["pid"].as_u64() == Some(second_pid))
+        .filter(|l| before.contains(l["tool_call_id"].as_str().unwrap()))
+        .collect();
+    assert!(
+        rerun.is_empty(),
+        "recorded steps ran again after the restart: {rerun:?}"
+    );
+    assert!(log
+        .iter()
+        .any(|l| l["pid"].as_u64() == Some(first_pid as u64)));
+    second.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_crashes_the_process_every_time_is_quarantined() {
+    let env = Env::new().await;
+    let cfg = write_config(&env, "[workers]\nmax_resumes = 3\n");
+    let steps = json!([{"call": [{"name": "sleep", "args": {"ms": 600000}}]}, {"say": "never"}]);
+    let mut id = String::new();
+    for run in 1..=3usize {
+        let b = Binary::start(&cfg, &env.path("stderr.log"));
+        if run == 1 {
+            let a = Harness::remote(&b.url)
+                .submit_task(&scripted("poisoned", steps.clone()))
+                .await;
+            id = a["id"].as_str().unwrap().to_string();
+        }
+        let pid = b.pid() as u64;
+        until("the sleep started", || {
+            env.debug_log()
+                .iter()
+                .any(|l| l["pid"].as_u64() == Some(pid))
+        })
+        .await;
+        b.kill();
+    }
+    let b = Binary::start(&cfg, &env.path("stderr.log"));
+    let h = Harness::remote(&b.url);
+    let a = h.wait(&id).await;
+    assert_eq!(a["status"], "failed", "{a}");
+    assert_eq!(a["stop_reason"], "quarantined");
+    assert!(a["error"].as_str().unwrap().contains("quarantined"), "{a}");
+    assert_eq!(
+        env.debug_log().len(),
+        3,
+        "the poisoned step never ran a fourth time"
+    );
+    // The service is healthy and serves new work.
+    let ok = h.submit_task("after the quarantine").await;
+    assert_eq!(h.wait(ok["id"].as_str().unwrap()).await["status"], "done");
+    b.kill();
+}

@@ -1,0 +1,10 @@
+//! Integration tests: the real service on an ephemeral port, a temp
+//! database, the mock model over HTTP.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod api;
+mod crash;
+mod loop_basics;
+mod model_faults;
