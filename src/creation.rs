@@ -11,12 +11,11 @@ use serde_json::{json, Value};
 
 use crate::core::Core;
 use crate::db::agents::{self, AgentRow, NewAgent};
-use crate::db::messages::{self, NewMessage};
-use crate::db::{events, jobs, DbError, WriteCtx, WriteFuture};
+use crate::db::{DbError, WriteCtx, WriteFuture};
 use crate::definitions::Definition;
 use crate::events::EventKind;
 use crate::tools::Narrowing;
-use crate::types::{MsgRole, Origin};
+use crate::types::Origin;
 
 /// Separates the parts of a composed system prompt.
 pub const PROMPT_SEPARATOR: &str = "\n\n---\n\n";
@@ -232,27 +231,12 @@ fn validate(core: &Core, r: &NewAgentRequest) -> Result<(), CreateError> {
 /// key or spawn call).
 pub async fn create(core: &Arc<Core>, req: NewAgentRequest) -> Result<Created, CreateError> {
     validate(core, &req)?;
-    let core2 = Arc::clone(core);
-    let out = core
-        .db
-        .write(
-            move |ctx: &mut WriteCtx| -> WriteFuture<'_, Result<Created, CreateError>> {
-                Box::pin(async move { Ok(create_tx(ctx, &core2, req).await) })
-            },
-        )
-        .await?;
-    out
-}
-
-/// The transactional part of `create`.
-async fn create_tx(
-    ctx: &mut WriteCtx,
-    core: &Core,
-    req: NewAgentRequest,
-) -> Result<Created, CreateError> {
-    let cfg = &core.cfg.agents;
+    if req.parent.is_some() {
+        return create_child(core, req).await;
+    }
     if let Some(key) = &req.idempotency_key {
-        if let Some(found) = agents::by_idempotency_key(&mut ctx.conn, &req.user, key).await? {
+        let mut conn = core.db.reader().acquire().await.map_err(DbError::from)?;
+        if let Some(found) = agents::by_idempotency_key(&mut conn, &req.user, key).await? {
             return Ok(Created {
                 agent: found,
                 created: false,
@@ -260,28 +244,195 @@ async fn create_tx(
             });
         }
     }
-    let parent = match &req.parent {
-        Some(link) => {
-            if let Some(found) =
-                agents::by_spawn_call(&mut ctx.conn, &link.parent_id, &link.call_id).await?
-            {
-                return Ok(Created {
-                    agent: found,
-                    created: false,
-                    dropped_tools: Vec::new(),
-                });
+    let now = core.now_ms();
+    let plan = plan(core, &req, None, now)?;
+    let script = agents::create_script(
+        &plan.agent,
+        &plan.start(&req, core),
+        core.cfg.agents.max_active_agents_per_user,
+        now,
+    );
+    match core.db.exec(script).await {
+        Ok(out) => match agents::created(&out)? {
+            Some(agent) => {
+                core.signals.publish(plan.created_event(&agent, now));
+                Ok(Created {
+                    agent,
+                    created: true,
+                    dropped_tools: plan.dropped,
+                })
             }
-            Some(agents::must_get_tx(&mut ctx.conn, &link.parent_id).await?)
+            None => Err(user_limit(core, &req.user).await),
+        },
+        Err(DbError::Sqlx(sqlx::Error::Database(d))) if d.is_unique_violation() => {
+            // A concurrent request with the same idempotency key (or id) won.
+            let mut conn = core.db.reader().acquire().await.map_err(DbError::from)?;
+            match &req.idempotency_key {
+                Some(key) => match agents::by_idempotency_key(&mut conn, &req.user, key).await? {
+                    Some(found) => Ok(Created {
+                        agent: found,
+                        created: false,
+                        dropped_tools: Vec::new(),
+                    }),
+                    None => Err(invalid("id", "an agent with this id already exists")),
+                },
+                None => Err(invalid(
+                    "id",
+                    format!("an agent with id `{}` already exists", plan.agent.id),
+                )),
+            }
         }
-        None => None,
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn user_limit(core: &Core, user: &str) -> CreateError {
+    let active = match core.db.reader().acquire().await {
+        Ok(mut conn) => agents::active_for_user(&mut conn, user).await.unwrap_or(0),
+        Err(_) => 0,
     };
-    let active = agents::count_active_for_user(&mut ctx.conn, &req.user).await?;
-    if active >= cfg.max_active_agents_per_user {
+    CreateError::Limit(format!(
+        "too many active agents for user `{user}` ({active}/{}); wait for some to finish or cancel some",
+        core.cfg.agents.max_active_agents_per_user
+    ))
+}
+
+/// A child is created in a closure: the parent row (its budget, deadline,
+/// tools and live child count) must be read in the same transaction.
+async fn create_child(core: &Arc<Core>, req: NewAgentRequest) -> Result<Created, CreateError> {
+    let core2 = Arc::clone(core);
+    core.db
+        .write(
+            move |ctx: &mut WriteCtx| -> WriteFuture<'_, Result<Created, CreateError>> {
+                Box::pin(async move { Ok(create_child_tx(ctx, &core2, req).await) })
+            },
+        )
+        .await?
+}
+
+async fn create_child_tx(
+    ctx: &mut WriteCtx,
+    core: &Core,
+    req: NewAgentRequest,
+) -> Result<Created, CreateError> {
+    let Some(link) = &req.parent else {
+        return Err(invalid("parent", "missing"));
+    };
+    if let Some(found) =
+        agents::by_spawn_call(&mut ctx.conn, &link.parent_id, &link.call_id).await?
+    {
+        return Ok(Created {
+            agent: found,
+            created: false,
+            dropped_tools: Vec::new(),
+        });
+    }
+    let parent = agents::must_get_tx(&mut ctx.conn, &link.parent_id).await?;
+    let cfg = &core.cfg.agents;
+    if parent.level >= cfg.max_level {
+        return Err(CreateError::Limit(format!(
+            "Cannot spawn sub-agent: the maximum nesting level ({}) is reached",
+            cfg.max_level
+        )));
+    }
+    if parent.active_children >= cfg.max_children_per_agent {
+        return Err(CreateError::Limit(format!(
+            "Cannot spawn sub-agent: concurrency limit reached ({}/{} active). Wait for one to finish or cancel one.",
+            parent.active_children, cfg.max_children_per_agent
+        )));
+    }
+    let mut chain = vec![parent.id.clone()];
+    chain.extend(parent.ancestors());
+    let left = if parent.budgeted {
+        agents::budget_left_tx(&mut ctx.conn, &chain)
+            .await?
+            .map(|(l, _)| l)
+    } else {
+        None
+    };
+    if left.is_some_and(|l| l <= 0.0) {
+        return Err(CreateError::Limit(
+            "Cannot spawn sub-agent: the cost budget of this agent tree is spent".into(),
+        ));
+    }
+    let now = ctx.now;
+    let plan = plan(
+        core,
+        &req,
+        Some(ParentFacts {
+            row: &parent,
+            chain,
+            budget_left: left,
+        }),
+        now,
+    )?;
+    let script = agents::create_script(
+        &plan.agent,
+        &plan.start(&req, core),
+        cfg.max_active_agents_per_user,
+        now,
+    );
+    let out = crate::db::writer::run_stmts(ctx, &script).await?;
+    let Some(agent) = agents::created(&out)? else {
+        let active = agents::active_for_user(&mut ctx.conn, &req.user).await?;
         return Err(CreateError::Limit(format!(
             "too many active agents for user `{}` ({active}/{}); wait for some to finish or cancel some",
             req.user, cfg.max_active_agents_per_user
         )));
+    };
+    ctx.effects.events.push(plan.created_event(&agent, now));
+    Ok(Created {
+        agent,
+        created: true,
+        dropped_tools: plan.dropped,
+    })
+}
+
+/// What the parent contributes to a child.
+struct ParentFacts<'a> {
+    row: &'a AgentRow,
+    /// The parent and its ancestors: the child's ancestors.
+    chain: Vec<String>,
+    /// What the tightest budget in the chain has left.
+    budget_left: Option<f64>,
+}
+
+/// Everything decided about a new agent before it is written.
+struct Plan {
+    agent: NewAgent,
+    system_prompt: String,
+    dropped: Vec<String>,
+    event_data: String,
+}
+
+impl Plan {
+    fn start<'a>(&'a self, req: &'a NewAgentRequest, core: &Core) -> agents::Start<'a> {
+        agents::Start {
+            system_prompt: &self.system_prompt,
+            first_origin: req.origin,
+            first_sender: req.sender.as_deref(),
+            job_max_attempts: core.cfg.workers.max_attempts,
+            event_data: self.event_data.clone(),
+        }
     }
+
+    fn created_event(&self, agent: &AgentRow, now: i64) -> crate::events::Event {
+        agent.agent_ref().event(
+            EventKind::AgentCreated,
+            now,
+            serde_json::from_str(&self.event_data).unwrap_or_default(),
+        )
+    }
+}
+
+/// Resolves the definition, prompt, tools and limits of a new agent.
+fn plan(
+    core: &Core,
+    req: &NewAgentRequest,
+    parent: Option<ParentFacts<'_>>,
+    now: i64,
+) -> Result<Plan, CreateError> {
+    let cfg = &core.cfg.agents;
     let slug = req.definition.clone().unwrap_or_else(|| "default".into());
     let def = core
         .definitions
@@ -291,53 +442,19 @@ async fn create_tx(
         .id
         .clone()
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-    let now = ctx.now;
-
-    let (level, root_id, parent_tools, parent_left, parent_deadline, parent_budgeted) =
+    let (level, root_id, ancestors, parent_tools, parent_left, parent_deadline, parent_budgeted) =
         match &parent {
-            Some(p) => {
-                if p.level >= cfg.max_level {
-                    return Err(CreateError::Limit(format!(
-                        "Cannot spawn sub-agent: the maximum nesting level ({}) is reached",
-                        cfg.max_level
-                    )));
-                }
-                let children = agents::count_active_children(&mut ctx.conn, &p.id).await?;
-                if children >= cfg.max_children_per_agent {
-                    return Err(CreateError::Limit(format!(
-                    "Cannot spawn sub-agent: concurrency limit reached ({children}/{} active). Wait for one to finish or cancel one.",
-                    cfg.max_children_per_agent
-                )));
-                }
-                let mut chain = vec![p.id.clone()];
-                chain.extend(p.ancestors());
-                let left = if p.budgeted {
-                    agents::budget_left_tx(&mut ctx.conn, &chain)
-                        .await?
-                        .map(|(l, _)| l)
-                } else {
-                    None
-                };
-                if let Some(l) = left {
-                    if l <= 0.0 {
-                        return Err(CreateError::Limit(
-                            "Cannot spawn sub-agent: the cost budget of this agent tree is spent"
-                                .into(),
-                        ));
-                    }
-                }
-                (
-                    p.level + 1,
-                    p.root_id.clone(),
-                    Some(p.tools()),
-                    left,
-                    p.deadline_at,
-                    p.budgeted,
-                )
-            }
-            None => (1, id.clone(), None, None, None, false),
+            Some(p) => (
+                p.row.level + 1,
+                p.row.root_id.clone(),
+                p.chain.clone(),
+                Some(p.row.tools()),
+                p.budget_left,
+                p.row.deadline_at,
+                p.row.budgeted,
+            ),
+            None => (1, id.clone(), Vec::new(), None, None, None, false),
         };
-
     let (effective, dropped) = core.catalog.narrow(Narrowing {
         permissions: &def.permissions,
         offered: &def.tools,
@@ -347,7 +464,6 @@ async fn create_tx(
         level,
         max_level: cfg.max_level,
     });
-
     let max_cost = match (req.max_cost_usd.or(def.max_cost_usd), parent_left) {
         (Some(asked), Some(left)) => Some(asked.min(left)),
         (None, Some(left)) => Some(left),
@@ -364,23 +480,18 @@ async fn create_tx(
         (Some(own), Some(p)) => Some(own.min(p)),
         (own, p) => own.or(p),
     };
-    let role = req.role.clone().unwrap_or_else(|| def.role().to_string());
-    let system_prompt = compose_system_prompt(
-        def,
-        level,
-        req.system_prompt.as_deref(),
-        req.briefing.as_deref(),
-    );
-    let new = NewAgent {
-        id: id.clone(),
+    let background = req.parent.as_ref().is_some_and(|l| l.background);
+    let agent = NewAgent {
+        id,
         user_name: req.user.clone(),
         level,
-        parent_id: parent.as_ref().map(|p| p.id.clone()),
+        parent_id: parent.as_ref().map(|p| p.row.id.clone()),
         root_id,
+        ancestors,
         parent_call_id: req.parent.as_ref().map(|l| l.call_id.clone()),
-        background: req.parent.as_ref().is_some_and(|l| l.background),
+        background,
         definition: slug.clone(),
-        role,
+        role: req.role.clone().unwrap_or_else(|| def.role().to_string()),
         task: req.task.clone(),
         max_turns: req
             .max_turns
@@ -396,36 +507,17 @@ async fn create_tx(
         metadata: req.metadata.to_string(),
         idempotency_key: req.idempotency_key.clone(),
     };
-    agents::insert(&mut ctx.conn, now, &new)
-        .await
-        .map_err(|e| match e {
-            DbError::Sqlx(sqlx::Error::Database(d)) if d.is_unique_violation() => {
-                invalid("id", format!("an agent with id `{id}` already exists"))
-            }
-            other => CreateError::Db(other),
-        })?;
-    messages::insert(
-        &mut ctx.conn,
-        now,
-        &NewMessage::plain(&id, MsgRole::System, &system_prompt),
-    )
-    .await?;
-    let mut first = NewMessage::plain(&id, MsgRole::User, &req.task);
-    first.origin = Some(req.origin);
-    first.sender = req.sender.as_deref();
-    messages::insert(&mut ctx.conn, now, &first).await?;
-    jobs::enqueue_turn(ctx, &id, core.cfg.workers.max_attempts).await?;
-    let agent = agents::must_get_tx(&mut ctx.conn, &id).await?;
-    let ev = agent.agent_ref().event(
-        EventKind::AgentCreated,
-        now,
-        json!({"definition": slug, "status": agent.status, "background": agent.background}),
-    );
-    events::emit(ctx, ev).await?;
-    Ok(Created {
+    Ok(Plan {
+        system_prompt: compose_system_prompt(
+            def,
+            level,
+            req.system_prompt.as_deref(),
+            req.briefing.as_deref(),
+        ),
+        dropped,
+        event_data: json!({"definition": slug, "status": "queued", "background": background})
+            .to_string(),
         agent,
-        created: true,
-        dropped_tools: dropped,
     })
 }
 

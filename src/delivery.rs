@@ -128,7 +128,7 @@ pub async fn deliver_tx(
             };
             match budget {
                 Some(b) => {
-                    agents::wake(&mut ctx.conn, &target.id, b).await?;
+                    agents::wake(ctx, &target.id, b).await?;
                     jobs::enqueue_turn(ctx, &target.id, core.cfg.workers.max_attempts).await?;
                     Delivery::Started
                 }

@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod app;
+pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use serde_json::json;
 
 use crate::core::Core;
-use crate::db::agents::{self, AgentRow};
+use crate::db::agents::{self, AgentRow, Settlement};
 use crate::db::messages;
-use crate::db::{events, jobs, DbError, DbResult, WriteCtx, WriteFuture};
+use crate::db::{jobs, DbError, DbResult, WriteCtx, WriteFuture};
 use crate::delivery::{self, DeliverError};
 use crate::events::EventKind;
 use crate::types::{AgentStatus, Origin, StopReason};
@@ -130,8 +130,22 @@ pub async fn handle_tx(ctx: &mut WriteCtx, a: &AgentRow) -> DbResult<String> {
     ))
 }
 
-/// Settles `agent` and sends its completion where it belongs. The caller has
-/// already checked that the agent may settle (guards on the run token).
+/// The stored form of an outcome, with its `agent_finished` event data.
+pub fn settlement(o: &Outcome) -> Settlement<'_> {
+    let preview: Option<String> = o.result.as_deref().map(|r| r.chars().take(200).collect());
+    Settlement {
+        status: o.status,
+        reason: o.reason,
+        result: o.result.as_deref(),
+        error: o.error.as_deref(),
+        event_data: json!({"status": o.status, "reason": o.reason, "error": o.error,
+                           "result_preview": preview})
+        .to_string(),
+    }
+}
+
+/// Settles `agent` (whatever its state) and sends its completion where it
+/// belongs.
 pub async fn settle_tx(
     ctx: &mut WriteCtx,
     core: &Core,
@@ -139,22 +153,19 @@ pub async fn settle_tx(
     o: Outcome,
     tell_parent: bool,
 ) -> DbResult<AgentRow> {
-    let now = ctx.now;
-    agents::settle(
-        &mut ctx.conn,
-        now,
-        &agent.id,
-        o.status,
-        o.reason,
-        o.result.as_deref(),
-        o.error.as_deref(),
-    )
-    .await?;
-    if o.status.is_final() {
-        jobs::cancel_queued_for_agent(ctx, &agent.id).await?;
-        ctx.effects.cancel.push(agent.id.clone());
+    let settled = agents::settle(ctx, &agent.id, &settlement(&o)).await?;
+    after_settle_tx(ctx, core, &settled, tell_parent).await?;
+    Ok(settled)
+}
+
+/// Broadcasts `agent_finished` for a settle that needed no follow-up.
+pub fn publish_finished(core: &Core, settled: &AgentRow, at: i64) {
+    if core.signals.has_listeners() {
+        core.signals.publish(finished_event(settled, at));
     }
-    let settled = agents::must_get_tx(&mut ctx.conn, &agent.id).await?;
+}
+
+fn finished_event(settled: &AgentRow, at: i64) -> crate::events::Event {
     let preview: String = settled
         .result
         .as_deref()
@@ -162,18 +173,34 @@ pub async fn settle_tx(
         .chars()
         .take(200)
         .collect();
-    let ev = settled.agent_ref().event(
+    settled.agent_ref().event(
         EventKind::AgentFinished,
-        now,
+        at,
         json!({"status": settled.status, "reason": settled.stop_reason, "error": settled.error,
                "result_preview": preview}),
-    );
-    events::emit(ctx, ev).await?;
-    crate::notify::enqueue_tx(ctx, core, &settled).await?;
-    if tell_parent {
-        report_to_parent(ctx, core, &settled).await?;
+    )
+}
+
+/// What follows a settle in the same transaction: queued jobs of a final
+/// agent are cancelled and its running turn interrupted (after commit), the
+/// `agent_finished` event is broadcast, the webhook job is written, and the
+/// parent is told.
+pub async fn after_settle_tx(
+    ctx: &mut WriteCtx,
+    core: &Core,
+    settled: &AgentRow,
+    tell_parent: bool,
+) -> DbResult<()> {
+    if settled.status.is_final() {
+        jobs::cancel_queued_for_agent(ctx, &settled.id).await?;
+        ctx.effects.cancel.push(settled.id.clone());
     }
-    Ok(settled)
+    ctx.effects.events.push(finished_event(settled, ctx.now));
+    crate::notify::enqueue_tx(ctx, core, settled).await?;
+    if tell_parent {
+        report_to_parent(ctx, core, settled).await?;
+    }
+    Ok(())
 }
 
 /// The child's completion reaches its parent: a foreground child's result

@@ -96,6 +96,22 @@ async fn real_main() -> i32 {
                 }
             }
         }
+        Command::Bench { workload, .. } => {
+            let r = match workload.as_str() {
+                "w2" => agentq::bench::w2::run(200).await,
+                other => Err(anyhow::anyhow!("unknown workload `{other}`")),
+            };
+            match r {
+                Ok(v) => {
+                    println!("W2 turns_per_s {v:.1}");
+                    0
+                }
+                Err(e) => {
+                    eprintln!("agentq: {e:#}");
+                    1
+                }
+            }
+        }
         other => cli::run_client(other).await,
     }
 }

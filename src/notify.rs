@@ -38,6 +38,11 @@ fn target_url(core: &Core, agent: &AgentRow) -> Option<String> {
     })
 }
 
+/// Whether settling this agent writes a webhook job.
+pub fn has_target(core: &Core, agent: &AgentRow) -> bool {
+    target_url(core, agent).is_some()
+}
+
 /// Signs `body` with `secret`.
 pub fn sign(secret: &[u8], body: &[u8]) -> String {
     // HMAC accepts keys of any length, so this cannot fail.

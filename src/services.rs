@@ -70,12 +70,9 @@ pub async fn lease_heartbeat(core: Arc<Core>, stop: CancellationToken) {
     let every = Duration::from_secs_f64(core.cfg.workers.heartbeat_s);
     let lease_ms = (core.cfg.workers.lease_s * 1000.0) as i64;
     while tick(&stop, every).await {
-        let owner = core.owner.clone();
         let r = core
             .db
-            .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, u64> {
-                Box::pin(async move { jobs::heartbeat(ctx, &owner, lease_ms).await })
-            })
+            .exec(jobs::heartbeat_stmt(core.now_ms(), &core.owner, lease_ms))
             .await;
         if let Err(e) = r {
             tracing::error!(error = %e, "lease heartbeat failed");

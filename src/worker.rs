@@ -12,23 +12,22 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::core::Core;
 use crate::db::jobs::{self, ClaimedJob};
-use crate::db::{WriteCtx, WriteFuture};
 use crate::types::JobKind;
 
 /// Claims up to `limit` due jobs for this process.
 pub async fn claim(core: &Arc<Core>, limit: usize) -> crate::db::DbResult<Vec<ClaimedJob>> {
-    let node = core.node.clone();
-    let owner = core.owner.clone();
     let lease_ms = (core.cfg.workers.lease_s * 1000.0) as i64;
-    core.db
-        .write(
-            move |ctx: &mut WriteCtx| -> WriteFuture<'_, Vec<ClaimedJob>> {
-                Box::pin(
-                    async move { jobs::claim(ctx, &node, &owner, limit as i64, lease_ms).await },
-                )
-            },
-        )
-        .await
+    let out = core
+        .db
+        .exec(jobs::claim_stmt(
+            core.now_ms(),
+            &core.node,
+            &core.owner,
+            limit as i64,
+            lease_ms,
+        ))
+        .await?;
+    jobs::claimed(&out)
 }
 
 /// Runs the dispatcher until the soft stop, then drains.

@@ -31,7 +31,6 @@ pub fn agent(a: &AgentRow, handle: &str) -> Value {
             "tokens_in": a.tokens_in,
             "tokens_out": a.tokens_out,
             "cost_usd": a.cost_usd,
-            "subtree_cost_usd": a.subtree_cost_usd,
         },
         "limits": {
             "max_turns": a.max_turns,

@@ -65,6 +65,13 @@ pub enum Command {
         #[arg(long)]
         log: Option<PathBuf>,
     },
+    /// Run a benchmark workload (see BENCH.md).
+    Bench {
+        /// w1, w2, w3, w4, w5 or all.
+        workload: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// Submit a task to a new agent.
     Submit(SubmitArgs),
     /// List agents, newest first.
@@ -156,7 +163,10 @@ pub async fn run_client(cmd: Command) -> i32 {
             remote,
         } => send(&remote, &agent, &message, interrupt).await,
         Command::Cancel { agent, remote } => cancel(&remote, &agent).await,
-        Command::Serve { .. } | Command::Migrate { .. } | Command::MockLlm { .. } => {
+        Command::Serve { .. }
+        | Command::Migrate { .. }
+        | Command::MockLlm { .. }
+        | Command::Bench { .. } => {
             eprintln!("agentq: not a client command");
             return EXIT_USAGE;
         }

@@ -4,9 +4,10 @@
 use sqlx::sqlite::SqliteConnection;
 use sqlx::SqlitePool;
 
-use super::{DbError, DbResult};
+use super::writer::run_stmts;
+use super::{DbError, DbResult, Stmt, StmtOutput, WriteCtx};
 use crate::events::AgentRef;
-use crate::types::{AgentStatus, StopReason};
+use crate::types::{AgentStatus, Origin, StopReason};
 
 /// One agent row.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -47,13 +48,23 @@ pub struct AgentRow {
     pub run_token: i64,
     pub resume_msg_id: Option<i64>,
     pub resume_count: i64,
+    pub ancestors: String,
+    pub active_children: i64,
 }
 
-pub(crate) const COLUMNS: &str = "id, user_name, level, parent_id, root_id, parent_call_id, background, \
-    definition, role, task, status, result, error, stop_reason, created_at, started_at, finished_at, turns, \
-    tokens_in, tokens_out, cost_usd, subtree_cost_usd, max_turns, max_cost_usd, timeout_s, \
-    deadline_at, budgeted, auto_wake_budget, effective_tools, notify, closed, metadata, turn_calls, \
-    run_token, resume_msg_id, resume_count";
+/// The agent columns, as a literal usable in `concat!`.
+macro_rules! agent_columns {
+    () => {
+        "id, user_name, level, parent_id, root_id, parent_call_id, background, definition, role, \
+         task, status, result, error, stop_reason, created_at, started_at, finished_at, turns, \
+         tokens_in, tokens_out, cost_usd, subtree_cost_usd, max_turns, max_cost_usd, timeout_s, \
+         deadline_at, budgeted, auto_wake_budget, effective_tools, notify, closed, metadata, \
+         turn_calls, run_token, resume_msg_id, resume_count, ancestors, active_children"
+    };
+}
+pub(crate) use agent_columns;
+
+pub(crate) const COLUMNS: &str = agent_columns!();
 
 impl AgentRow {
     /// The frozen effective tool names.
@@ -72,16 +83,16 @@ impl AgentRow {
         }
     }
 
-    /// Ancestors other than itself (parent and root), for budget roll-ups.
+    /// Ancestor ids, parent first, root last.
     pub fn ancestors(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        if let Some(p) = &self.parent_id {
-            v.push(p.clone());
-        }
-        if self.root_id != self.id && self.parent_id.as_deref() != Some(self.root_id.as_str()) {
-            v.push(self.root_id.clone());
-        }
-        v
+        serde_json::from_str(&self.ancestors).unwrap_or_default()
+    }
+
+    /// Parses a row returned by a statement (`RETURNING` + `COLUMNS`).
+    pub fn from_sqlite(row: &sqlx::sqlite::SqliteRow) -> DbResult<Self> {
+        Ok(<Self as sqlx::FromRow<sqlx::sqlite::SqliteRow>>::from_row(
+            row,
+        )?)
     }
 }
 
@@ -93,6 +104,7 @@ pub struct NewAgent {
     pub level: i64,
     pub parent_id: Option<String>,
     pub root_id: String,
+    pub ancestors: Vec<String>,
     pub parent_call_id: Option<String>,
     pub background: bool,
     pub definition: String,
@@ -110,40 +122,123 @@ pub struct NewAgent {
     pub idempotency_key: Option<String>,
 }
 
-/// Inserts the row with status `queued`.
-pub async fn insert(conn: &mut SqliteConnection, now: i64, a: &NewAgent) -> DbResult<()> {
+/// What else a new agent starts with.
+pub struct Start<'a> {
+    pub system_prompt: &'a str,
+    pub first_origin: Origin,
+    pub first_sender: Option<&'a str>,
+    pub job_max_attempts: i64,
+    /// `agent_created` event data.
+    pub event_data: String,
+}
+
+/// Inserts the agent (unless the user is at `max_active` unfinished agents),
+/// its system prompt and task messages, its first turn job and its
+/// `agent_created` event, as one all-or-nothing script. Read the new row
+/// with `created`.
+pub fn create_script(a: &NewAgent, start: &Start<'_>, max_active: i64, now: i64) -> Stmt {
     let tools = serde_json::to_string(&a.effective_tools).unwrap_or_else(|_| "[]".into());
-    sqlx::query(
-        "INSERT INTO agents (id, user_name, level, parent_id, root_id, parent_call_id, background,
-                             definition, role, task, status, created_at, max_turns, max_cost_usd,
-                             timeout_s, deadline_at, budgeted, auto_wake_budget, effective_tools,
-                             notify, metadata, idempotency_key)
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    let ancestors = serde_json::to_string(&a.ancestors).unwrap_or_else(|_| "[]".into());
+    Stmt::new(CREATE)
+        .arg(a.id.as_str())
+        .arg(a.user_name.as_str())
+        .arg(a.level)
+        .arg(a.parent_id.clone())
+        .arg(a.root_id.as_str())
+        .arg(ancestors)
+        .arg(a.parent_call_id.clone())
+        .arg(a.background)
+        .arg(a.definition.as_str())
+        .arg(a.role.as_str())
+        .arg(a.task.as_str())
+        .arg(now)
+        .arg(a.max_turns)
+        .arg(a.max_cost_usd)
+        .arg(a.timeout_s)
+        .arg(a.deadline_at)
+        .arg(a.budgeted)
+        .arg(a.auto_wake_budget)
+        .arg(tools)
+        .arg(a.notify.clone())
+        .arg(a.metadata.as_str())
+        .arg(a.idempotency_key.clone())
+        .arg(a.user_name.as_str())
+        .arg(max_active)
+        // the counters
+        .arg(a.user_name.as_str())
+        .arg(a.user_name.as_str())
+        .arg(a.id.as_str())
+        .arg(a.parent_id.clone())
+        .arg(a.id.as_str())
+        // the system prompt
+        .arg(a.id.as_str())
+        .arg(start.system_prompt)
+        .arg(now)
+        .arg(a.id.as_str())
+        // the task
+        .arg(a.id.as_str())
+        .arg(a.task.as_str())
+        .arg(start.first_origin.as_str())
+        .arg(start.first_sender)
+        .arg(now)
+        .arg(a.id.as_str())
+        // the first turn job
+        .arg(a.id.as_str())
+        .arg(now)
+        .arg(start.job_max_attempts)
+        .arg(now)
+        .arg(a.id.as_str())
+        // the event
+        .arg(a.id.as_str())
+        .arg(start.event_data.as_str())
+        .arg(now)
+        .arg(a.id.as_str())
+        // the row
+        .arg(a.id.as_str())
+        .waking()
+}
+
+/// The row `create_script` inserted, or None when the user limit refused it.
+pub fn created(out: &[StmtOutput]) -> DbResult<Option<AgentRow>> {
+    match out.last().and_then(|o| o.rows.first()) {
+        Some(row) => Ok(Some(AgentRow::from_sqlite(row)?)),
+        None => Ok(None),
+    }
+}
+
+const CREATE: &str = concat!(
+    "INSERT INTO agents (id, user_name, level, parent_id, root_id, ancestors, parent_call_id,
+                         background, definition, role, task, status, created_at, max_turns,
+                         max_cost_usd, timeout_s, deadline_at, budgeted, auto_wake_budget,
+                         effective_tools, notify, metadata, idempotency_key)
+     SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
+      WHERE COALESCE((SELECT active_agents FROM user_stats WHERE user_name = ?), 0) < ?;
+     INSERT OR IGNORE INTO user_stats (user_name, active_agents) VALUES (?, 0);
+     UPDATE user_stats SET active_agents = active_agents + 1
+      WHERE user_name = ? AND EXISTS (SELECT 1 FROM agents WHERE id = ?);
+     UPDATE agents SET active_children = active_children + 1
+      WHERE id = ? AND EXISTS (SELECT 1 FROM agents WHERE id = ?);
+     INSERT INTO messages (agent_id, role, content, created_at)
+     SELECT ?, 'system', ?, ? WHERE EXISTS (SELECT 1 FROM agents WHERE id = ?);
+     INSERT INTO messages (agent_id, role, content, origin, sender, created_at)
+     SELECT ?, 'user', ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM agents WHERE id = ?);
+     INSERT OR IGNORE INTO jobs (kind, agent_id, payload, state, priority, run_at, max_attempts, created_at)
+     SELECT 'turn', ?, '{}', 'queued', 0, ?, ?, ? WHERE EXISTS (SELECT 1 FROM agents WHERE id = ?);
+     INSERT INTO events (agent_id, kind, data, created_at)
+     SELECT ?, 'agent_created', ?, ? WHERE EXISTS (SELECT 1 FROM agents WHERE id = ?);
+     SELECT ",
+    agent_columns!(),
+    " FROM agents WHERE id = ?"
+);
+
+/// Unfinished agents of a user (for the limit's error message).
+pub async fn active_for_user(conn: &mut SqliteConnection, user: &str) -> DbResult<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT COALESCE((SELECT active_agents FROM user_stats WHERE user_name = ?), 0)",
     )
-    .bind(&a.id)
-    .bind(&a.user_name)
-    .bind(a.level)
-    .bind(&a.parent_id)
-    .bind(&a.root_id)
-    .bind(&a.parent_call_id)
-    .bind(a.background)
-    .bind(&a.definition)
-    .bind(&a.role)
-    .bind(&a.task)
-    .bind(now)
-    .bind(a.max_turns)
-    .bind(a.max_cost_usd)
-    .bind(a.timeout_s)
-    .bind(a.deadline_at)
-    .bind(a.budgeted)
-    .bind(a.auto_wake_budget)
-    .bind(tools)
-    .bind(&a.notify)
-    .bind(&a.metadata)
-    .bind(&a.idempotency_key)
-    .execute(conn)
-    .await?;
-    Ok(())
+    .bind(user)
+    .fetch_one(conn)
+    .await?)
 }
 
 /// One agent by id.
@@ -274,91 +369,6 @@ pub async fn subtree_tx(conn: &mut SqliteConnection, root: &str) -> DbResult<Vec
     .await?)
 }
 
-/// Unfinished agents of a user (the `max_active_agents_per_user` limit).
-pub async fn count_active_for_user(conn: &mut SqliteConnection, user: &str) -> DbResult<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT COUNT(*) FROM agents WHERE user_name = ? AND status IN ('queued','running','waiting')",
-    )
-    .bind(user)
-    .fetch_one(conn)
-    .await?)
-}
-
-/// Unfinished children of an agent (the `max_children_per_agent` limit).
-pub async fn count_active_children(conn: &mut SqliteConnection, parent_id: &str) -> DbResult<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT COUNT(*) FROM agents WHERE parent_id = ? AND status IN ('queued','running','waiting')",
-    )
-    .bind(parent_id)
-    .fetch_one(conn)
-    .await?)
-}
-
-/// Marks the agent running under a new run token, recording the crash-resume
-/// bookkeeping decided by the caller.
-pub async fn mark_running(
-    conn: &mut SqliteConnection,
-    now: i64,
-    id: &str,
-    resume_msg_id: Option<i64>,
-    resume_count: i64,
-) -> DbResult<AgentRow> {
-    Ok(sqlx::query_as::<_, AgentRow>(&format!(
-        "UPDATE agents SET status = 'running', started_at = COALESCE(started_at, ?),
-                           run_token = run_token + 1, resume_msg_id = ?, resume_count = ?
-          WHERE id = ?
-         RETURNING {COLUMNS}"
-    ))
-    .bind(now)
-    .bind(resume_msg_id)
-    .bind(resume_count)
-    .bind(id)
-    .fetch_one(conn)
-    .await?)
-}
-
-/// Usage of one model call, added to the agent (guarded by the run token)
-/// and its subtree cost rolled up to its ancestors. False when stale.
-pub async fn add_model_usage(
-    conn: &mut SqliteConnection,
-    id: &str,
-    run_token: i64,
-    tokens_in: i64,
-    tokens_out: i64,
-    cost: f64,
-    ancestors: &[String],
-) -> DbResult<bool> {
-    let r = sqlx::query(
-        "UPDATE agents SET turns = turns + 1, turn_calls = turn_calls + 1,
-                           tokens_in = tokens_in + ?, tokens_out = tokens_out + ?,
-                           cost_usd = cost_usd + ?, subtree_cost_usd = subtree_cost_usd + ?
-          WHERE id = ? AND run_token = ? AND status = 'running'",
-    )
-    .bind(tokens_in)
-    .bind(tokens_out)
-    .bind(cost)
-    .bind(cost)
-    .bind(id)
-    .bind(run_token)
-    .execute(&mut *conn)
-    .await?;
-    if r.rows_affected() == 0 {
-        return Ok(false);
-    }
-    if cost > 0.0 && !ancestors.is_empty() {
-        let list = serde_json::to_string(ancestors).unwrap_or_else(|_| "[]".into());
-        sqlx::query(
-            "UPDATE agents SET subtree_cost_usd = subtree_cost_usd + ?
-              WHERE id IN (SELECT value FROM json_each(?))",
-        )
-        .bind(cost)
-        .bind(list)
-        .execute(&mut *conn)
-        .await?;
-    }
-    Ok(true)
-}
-
 /// True when the agent still runs under this token (a step may be recorded).
 pub async fn holds_run(conn: &mut SqliteConnection, id: &str, run_token: i64) -> DbResult<bool> {
     let n: i64 = sqlx::query_scalar(
@@ -371,46 +381,258 @@ pub async fn holds_run(conn: &mut SqliteConnection, id: &str, run_token: i64) ->
     Ok(n == 1)
 }
 
-/// The smallest budget left over the agent and its ancestors (None when no
-/// one in the chain has a cost cap).
+/// The tightest budget over `ids` (an agent and its ancestors): for each
+/// one with `max_cost_usd`, its cap minus what its whole subtree has spent.
+/// Returns (what is left, whose budget) or None when none has a cap.
 pub async fn budget_left(pool: &SqlitePool, ids: &[String]) -> DbResult<Option<(f64, String)>> {
-    let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
-    let row: Option<(f64, String)> = sqlx::query_as(
-        "SELECT max_cost_usd - subtree_cost_usd AS left, id FROM agents
-          WHERE id IN (SELECT value FROM json_each(?)) AND max_cost_usd IS NOT NULL
-          ORDER BY left ASC LIMIT 1",
-    )
-    .bind(list)
-    .fetch_optional(pool)
-    .await?;
-    Ok(row)
+    let mut conn = pool.acquire().await?;
+    budget_left_tx(&mut conn, ids).await
 }
 
-/// Ends the agent's turn in a settled status (done/failed/cancelled/timed_out).
-pub async fn settle(
-    conn: &mut SqliteConnection,
-    now: i64,
-    id: &str,
-    status: AgentStatus,
-    reason: StopReason,
-    result: Option<&str>,
-    error: Option<&str>,
-) -> DbResult<()> {
-    sqlx::query(
-        "UPDATE agents SET status = ?, stop_reason = ?, result = COALESCE(?, result), error = ?,
-                           finished_at = ?
-          WHERE id = ?",
-    )
-    .bind(status)
-    .bind(reason)
-    .bind(result)
-    .bind(error)
-    .bind(now)
-    .bind(id)
-    .execute(conn)
-    .await?;
-    Ok(())
+/// How a turn ended, as stored.
+#[derive(Debug, Clone)]
+pub struct Settlement<'a> {
+    pub status: AgentStatus,
+    pub reason: StopReason,
+    /// None keeps the previous result.
+    pub result: Option<&'a str>,
+    pub error: Option<&'a str>,
+    /// `agent_finished` event data.
+    pub event_data: String,
 }
+
+/// Settles an agent (whatever its state) and journals `agent_finished`;
+/// an agent that was active stops counting against its user and parent.
+pub async fn settle(ctx: &mut WriteCtx, id: &str, s: &Settlement<'_>) -> DbResult<AgentRow> {
+    let script = Stmt::new(SETTLE)
+        // the counters
+        .arg(id)
+        .arg(id)
+        .arg(id)
+        .arg(id)
+        // the row
+        .arg(s.status.as_str())
+        .arg(reason_name(s.reason))
+        .arg(s.result)
+        .arg(s.error)
+        .arg(ctx.now)
+        .arg(id)
+        // the event
+        .arg(id)
+        .arg(s.event_data.as_str())
+        .arg(ctx.now)
+        .arg(id)
+        .arg(id);
+    let out = run_stmts(ctx, &script).await?;
+    match out.last().and_then(|o| o.rows.first()) {
+        Some(row) => AgentRow::from_sqlite(row),
+        None => Err(DbError::NotFound {
+            what: "agent",
+            id: id.to_string(),
+        }),
+    }
+}
+
+/// Settles a running agent under its run token and completes its job,
+/// unless the guard fails or (with `require_empty_inbox`) messages wait in
+/// its inbox; journals `agent_finished`. Read the row with `settled_row`.
+#[allow(clippy::too_many_arguments)]
+pub fn settle_running_script(
+    id: &str,
+    run_token: i64,
+    job_id: i64,
+    owner: &str,
+    require_empty_inbox: bool,
+    s: &Settlement<'_>,
+    now: i64,
+) -> Stmt {
+    Stmt::new(SETTLE_RUNNING)
+        // the counters, guarded like the settle itself
+        .arg(id)
+        .arg(id)
+        .arg(run_token)
+        .arg(require_empty_inbox)
+        .arg(id)
+        .arg(id)
+        .arg(run_token)
+        .arg(require_empty_inbox)
+        // the row
+        .arg(s.status.as_str())
+        .arg(reason_name(s.reason))
+        .arg(s.result)
+        .arg(s.error)
+        .arg(now)
+        .arg(id)
+        .arg(run_token)
+        .arg(require_empty_inbox)
+        // the job
+        .arg(now)
+        .arg(job_id)
+        .arg(owner)
+        .arg(id)
+        .arg(run_token)
+        .arg(s.status.as_str())
+        .arg(now)
+        // the event
+        .arg(id)
+        .arg(s.event_data.as_str())
+        .arg(now)
+        .arg(id)
+        .arg(run_token)
+        .arg(s.status.as_str())
+        .arg(now)
+        // the row
+        .arg(id)
+        .arg(run_token)
+        .arg(s.status.as_str())
+        .arg(now)
+}
+
+/// `settle_running_script` for a caller that needs no row back (its
+/// `settled_lean` says whether it settled).
+pub fn settle_running_lean(
+    id: &str,
+    run_token: i64,
+    job_id: i64,
+    owner: &str,
+    require_empty_inbox: bool,
+    s: &Settlement<'_>,
+    now: i64,
+) -> Stmt {
+    let mut st = settle_running_script(id, run_token, job_id, owner, require_empty_inbox, s, now);
+    st.sql = SETTLE_RUNNING_LEAN;
+    st
+}
+
+/// Whether a `settle_running_lean` script settled the agent.
+pub fn settled_lean(out: &[StmtOutput]) -> bool {
+    out.last().is_some_and(|o| !o.rows.is_empty())
+}
+
+/// The row a settle script settled, if it did.
+pub fn settled_row(out: &[StmtOutput]) -> DbResult<Option<AgentRow>> {
+    match out.last().and_then(|o| o.rows.first()) {
+        Some(row) => Ok(Some(AgentRow::from_sqlite(row)?)),
+        None => Ok(None),
+    }
+}
+
+/// `settle_running_script` inside a write closure.
+#[allow(clippy::too_many_arguments)]
+pub async fn settle_running(
+    ctx: &mut WriteCtx,
+    id: &str,
+    run_token: i64,
+    job_id: i64,
+    owner: &str,
+    require_empty_inbox: bool,
+    s: &Settlement<'_>,
+) -> DbResult<Option<AgentRow>> {
+    let script = settle_running_script(
+        id,
+        run_token,
+        job_id,
+        owner,
+        require_empty_inbox,
+        s,
+        ctx.now,
+    );
+    let out = run_stmts(ctx, &script).await?;
+    settled_row(&out)
+}
+
+fn reason_name(r: StopReason) -> &'static str {
+    match r {
+        StopReason::Done => "done",
+        StopReason::TurnLimit => "turn_limit",
+        StopReason::CostLimit => "cost_limit",
+        StopReason::Deadline => "deadline",
+        StopReason::Cancelled => "cancelled",
+        StopReason::Error => "error",
+        StopReason::Quarantined => "quarantined",
+    }
+}
+
+/// An agent counts as active (against its user's and parent's limits) while
+/// queued, running or waiting. Plain comparisons: IN lists are slower here.
+macro_rules! active {
+    ($t:literal) => {
+        concat!(
+            "(",
+            $t,
+            ".status = 'queued' OR ",
+            $t,
+            ".status = 'running' OR ",
+            $t,
+            ".status = 'waiting')"
+        )
+    };
+}
+
+const SETTLE: &str = concat!(
+    "UPDATE user_stats SET active_agents = active_agents - 1
+      WHERE user_name = (SELECT user_name FROM agents WHERE id = ?)
+        AND EXISTS (SELECT 1 FROM agents g WHERE g.id = ? AND ",
+    active!("g"),
+    ");
+     UPDATE agents SET active_children = active_children - 1
+      WHERE id = (SELECT parent_id FROM agents WHERE id = ?)
+        AND EXISTS (SELECT 1 FROM agents g WHERE g.id = ? AND ",
+    active!("g"),
+    ");
+     UPDATE agents SET status = ?, stop_reason = ?, result = COALESCE(?, result), error = ?,
+                       finished_at = ?
+      WHERE id = ?;
+     INSERT INTO events (agent_id, kind, data, created_at)
+     SELECT ?, 'agent_finished', ?, ? WHERE EXISTS (SELECT 1 FROM agents WHERE id = ?);
+     SELECT ",
+    agent_columns!(),
+    " FROM agents WHERE id = ?"
+);
+
+/// Guard of a settle by the turn that runs the agent (`g` is the agent).
+macro_rules! running_guard {
+    () => {
+        "g.id = ? AND g.run_token = ? AND g.status = 'running'
+         AND (? = 0 OR NOT EXISTS (SELECT 1 FROM inbox WHERE inbox.agent_id = g.id))"
+    };
+}
+
+/// The statements of a settle by the running turn, up to the final SELECT.
+macro_rules! settle_running_body {
+    () => {
+        concat!(
+            "UPDATE user_stats SET active_agents = active_agents - 1
+              WHERE user_name = (SELECT user_name FROM agents WHERE id = ?)
+                AND EXISTS (SELECT 1 FROM agents g WHERE ", running_guard!(), ");
+             UPDATE agents SET active_children = active_children - 1
+              WHERE id = (SELECT parent_id FROM agents WHERE id = ?)
+                AND EXISTS (SELECT 1 FROM agents g WHERE ", running_guard!(), ");
+             UPDATE agents SET status = ?, stop_reason = ?, result = COALESCE(?, result), error = ?,
+                               finished_at = ?
+              WHERE id = ? AND run_token = ? AND status = 'running'
+                AND (? = 0 OR NOT EXISTS (SELECT 1 FROM inbox WHERE inbox.agent_id = agents.id));
+             UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
+              WHERE id = ? AND state = 'running' AND lease_owner = ?
+                AND EXISTS (SELECT 1 FROM agents WHERE id = ? AND run_token = ? AND status = ? AND finished_at = ?);
+             INSERT INTO events (agent_id, kind, data, created_at)
+             SELECT ?, 'agent_finished', ?, ?
+              WHERE EXISTS (SELECT 1 FROM agents WHERE id = ? AND run_token = ? AND status = ? AND finished_at = ?);
+             SELECT "
+        )
+    };
+}
+
+const SETTLE_RUNNING: &str = concat!(
+    settle_running_body!(),
+    agent_columns!(),
+    " FROM agents WHERE id = ? AND run_token = ? AND status = ? AND finished_at = ?"
+);
+
+const SETTLE_RUNNING_LEAN: &str = concat!(
+    settle_running_body!(),
+    "id FROM agents WHERE id = ? AND run_token = ? AND status = ? AND finished_at = ?"
+);
 
 /// Sets a plain status (queued, waiting) without touching results.
 pub async fn set_status(
@@ -437,18 +659,31 @@ pub async fn set_turn_result(conn: &mut SqliteConnection, id: &str, result: &str
     Ok(())
 }
 
-/// Wakes an idle agent for a new turn: queued, new turn counter, and the
-/// auto-wake budget set to `budget`.
-pub async fn wake(conn: &mut SqliteConnection, id: &str, budget: i64) -> DbResult<()> {
-    sqlx::query(
-        "UPDATE agents SET status = 'queued', turn_calls = 0, auto_wake_budget = ?, error = NULL,
+/// Wakes a settled agent for a new turn: queued, new turn counter, the
+/// auto-wake budget set to `budget`; it counts as active again.
+pub async fn wake(ctx: &mut WriteCtx, id: &str, budget: i64) -> DbResult<()> {
+    let script = Stmt::new(concat!(
+        "UPDATE user_stats SET active_agents = active_agents + 1
+          WHERE user_name = (SELECT user_name FROM agents WHERE id = ?)
+            AND EXISTS (SELECT 1 FROM agents g WHERE g.id = ? AND NOT ",
+        active!("g"),
+        ");
+         UPDATE agents SET active_children = active_children + 1
+          WHERE id = (SELECT parent_id FROM agents WHERE id = ?)
+            AND EXISTS (SELECT 1 FROM agents g WHERE g.id = ? AND NOT ",
+        active!("g"),
+        ");
+         UPDATE agents SET status = 'queued', turn_calls = 0, auto_wake_budget = ?, error = NULL,
                            stop_reason = NULL, finished_at = NULL
-          WHERE id = ?",
-    )
-    .bind(budget)
-    .bind(id)
-    .execute(conn)
-    .await?;
+          WHERE id = ?"
+    ))
+    .arg(id)
+    .arg(id)
+    .arg(id)
+    .arg(id)
+    .arg(budget)
+    .arg(id);
+    run_stmts(ctx, &script).await?;
     Ok(())
 }
 
@@ -475,7 +710,7 @@ pub async fn close(conn: &mut SqliteConnection, id: &str) -> DbResult<()> {
 pub async fn past_deadline(pool: &SqlitePool, now: i64, limit: i64) -> DbResult<Vec<String>> {
     Ok(sqlx::query_scalar(
         "SELECT id FROM agents
-          WHERE deadline_at IS NOT NULL AND deadline_at <= ? AND status IN ('queued','running','waiting')
+          WHERE deadline_at IS NOT NULL AND finished_at IS NULL AND deadline_at <= ?
           ORDER BY deadline_at LIMIT ?",
     )
     .bind(now)
@@ -487,8 +722,7 @@ pub async fn past_deadline(pool: &SqlitePool, now: i64, limit: i64) -> DbResult<
 /// The earliest deadline of any active agent.
 pub async fn next_deadline(pool: &SqlitePool) -> DbResult<Option<i64>> {
     Ok(sqlx::query_scalar(
-        "SELECT MIN(deadline_at) FROM agents
-          WHERE deadline_at IS NOT NULL AND status IN ('queued','running','waiting')",
+        "SELECT MIN(deadline_at) FROM agents WHERE deadline_at IS NOT NULL AND finished_at IS NULL",
     )
     .fetch_one(pool)
     .await?)
@@ -549,21 +783,38 @@ pub async fn upsert_user(
     Ok(())
 }
 
-/// `budget_left` inside a write.
+/// `budget_left` on any connection.
 pub async fn budget_left_tx(
     conn: &mut SqliteConnection,
     ids: &[String],
 ) -> DbResult<Option<(f64, String)>> {
     let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
     let row: Option<(f64, String)> = sqlx::query_as(
-        "SELECT max_cost_usd - subtree_cost_usd AS left, id FROM agents
-          WHERE id IN (SELECT value FROM json_each(?)) AND max_cost_usd IS NOT NULL
+        "SELECT a.max_cost_usd - (SELECT COALESCE(SUM(d.cost_usd), 0) FROM agents d
+                                   WHERE d.root_id = a.root_id
+                                     AND (d.id = a.id OR instr(d.ancestors, a.id) > 0)) AS left,
+                a.id
+           FROM agents a
+          WHERE a.id IN (SELECT value FROM json_each(?)) AND a.max_cost_usd IS NOT NULL
           ORDER BY left ASC LIMIT 1",
     )
     .bind(list)
     .fetch_optional(conn)
     .await?;
     Ok(row)
+}
+
+/// What the agent's whole subtree (it included) has spent.
+pub async fn subtree_cost(pool: &SqlitePool, a: &AgentRow) -> DbResult<f64> {
+    Ok(sqlx::query_scalar(
+        "SELECT COALESCE(SUM(cost_usd), 0) FROM agents
+          WHERE root_id = ? AND (id = ? OR instr(ancestors, ?) > 0)",
+    )
+    .bind(&a.root_id)
+    .bind(&a.id)
+    .bind(&a.id)
+    .fetch_one(pool)
+    .await?)
 }
 
 /// The open agents of `user` just before and after `id` in id order.

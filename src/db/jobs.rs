@@ -5,7 +5,7 @@
 use sqlx::sqlite::SqliteConnection;
 use sqlx::Row;
 
-use super::{DbResult, WriteCtx};
+use super::{DbResult, RowKind, RowReq, Stmt, StmtOutput, WriteCtx};
 use crate::types::JobKind;
 
 /// A job to insert.
@@ -80,16 +80,10 @@ pub async fn enqueue_turn(ctx: &mut WriteCtx, agent_id: &str, max_attempts: i64)
     Ok(insert(ctx, &job).await?.is_some())
 }
 
-/// Claims up to `limit` due jobs in one statement: sets the lease owner and
-/// expiry and counts the attempt.
-pub async fn claim(
-    ctx: &mut WriteCtx,
-    node: &str,
-    owner: &str,
-    limit: i64,
-    lease_ms: i64,
-) -> DbResult<Vec<ClaimedJob>> {
-    let rows = sqlx::query_as::<_, ClaimedJob>(
+/// The claim: up to `limit` due jobs in one statement, setting the lease
+/// owner and expiry and counting the attempt.
+pub fn claim_stmt(now: i64, node: &str, owner: &str, limit: i64, lease_ms: i64) -> Stmt {
+    Stmt::new(
         "UPDATE jobs
             SET state = 'running', lease_node = ?, lease_owner = ?, lease_expires_at = ?,
                 attempts = attempts + 1
@@ -99,26 +93,68 @@ pub async fn claim(
                         LIMIT ?)
          RETURNING id, kind, agent_id, payload, attempts, max_attempts",
     )
-    .bind(node)
-    .bind(owner)
-    .bind(ctx.now + lease_ms)
-    .bind(ctx.now)
-    .bind(limit)
-    .fetch_all(&mut ctx.conn)
-    .await?;
-    Ok(rows)
+    .arg(node)
+    .arg(owner)
+    .arg(now + lease_ms)
+    .arg(now)
+    .arg(limit)
+}
+
+/// Reads the claimed jobs out of `claim_stmt`'s output.
+pub fn claimed(out: &[StmtOutput]) -> DbResult<Vec<ClaimedJob>> {
+    out.iter()
+        .flat_map(|o| o.rows.iter())
+        .map(|r| Ok(<ClaimedJob as sqlx::FromRow<sqlx::sqlite::SqliteRow>>::from_row(r)?))
+        .collect()
 }
 
 /// Extends every lease this owner holds, in one statement.
-pub async fn heartbeat(ctx: &mut WriteCtx, owner: &str, lease_ms: i64) -> DbResult<u64> {
-    let r = sqlx::query(
-        "UPDATE jobs SET lease_expires_at = ? WHERE state = 'running' AND lease_owner = ?",
+pub fn heartbeat_stmt(now: i64, owner: &str, lease_ms: i64) -> Stmt {
+    Stmt::new("UPDATE jobs SET lease_expires_at = ? WHERE state = 'running' AND lease_owner = ?")
+        .arg(now + lease_ms)
+        .arg(owner)
+}
+
+/// Completes one held job.
+pub fn complete_stmt(now: i64, id: i64, owner: &str) -> Stmt {
+    Stmt::new(
+        "UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
+          WHERE id = ? AND state = 'running' AND lease_owner = ?",
     )
-    .bind(ctx.now + lease_ms)
-    .bind(owner)
-    .execute(&mut ctx.conn)
-    .await?;
-    Ok(r.rows_affected())
+    .arg(now)
+    .arg(id)
+    .arg(owner)
+}
+
+/// One job as a row of the enqueue fast path (merged with concurrent
+/// enqueues into one statement). A dedupe key already taken inserts nothing.
+pub fn job_row(now: i64, job: &NewJob) -> RowReq {
+    RowReq {
+        kind: RowKind::Job,
+        args: vec![
+            job.kind.as_str().into(),
+            job.agent_id.clone().into(),
+            job.payload.as_str().into(),
+            job.priority.into(),
+            job.run_at.unwrap_or(now).into(),
+            job.max_attempts.into(),
+            job.dedupe_key.clone().into(),
+            now.into(),
+        ],
+        key: (String::new(), String::new()),
+    }
+}
+
+/// Completes many held jobs in one statement.
+pub fn complete_many_stmt(now: i64, ids: &[i64], owner: &str) -> Stmt {
+    let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
+    Stmt::new(
+        "UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
+          WHERE id IN (SELECT value FROM json_each(?)) AND state = 'running' AND lease_owner = ?",
+    )
+    .arg(now)
+    .arg(list)
+    .arg(owner)
 }
 
 /// Marks a held job completed. False when the lease was lost meanwhile.
@@ -138,24 +174,6 @@ pub async fn complete(
     .execute(conn)
     .await?;
     Ok(r.rows_affected() == 1)
-}
-
-/// Completes many held jobs in one statement (the queue benchmark's drain).
-pub async fn complete_many(ctx: &mut WriteCtx, ids: &[i64], owner: &str) -> DbResult<u64> {
-    if ids.is_empty() {
-        return Ok(0);
-    }
-    let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
-    let r = sqlx::query(
-        "UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
-          WHERE id IN (SELECT value FROM json_each(?)) AND state = 'running' AND lease_owner = ?",
-    )
-    .bind(ctx.now)
-    .bind(list)
-    .bind(owner)
-    .execute(&mut ctx.conn)
-    .await?;
-    Ok(r.rows_affected())
 }
 
 /// What happened to a job that failed an attempt.
@@ -315,9 +333,7 @@ pub async fn next_run_at(pool: &sqlx::SqlitePool) -> DbResult<Option<i64>> {
 pub async fn prune(ctx: &mut WriteCtx, before: i64, limit: i64) -> DbResult<u64> {
     let r = sqlx::query(
         "DELETE FROM jobs WHERE id IN (
-            SELECT id FROM jobs
-             WHERE state IN ('completed','failed','cancelled') AND finished_at < ?
-             LIMIT ?)",
+            SELECT id FROM jobs WHERE finished_at IS NOT NULL AND finished_at < ? LIMIT ?)",
     )
     .bind(before)
     .bind(limit)

@@ -28,9 +28,16 @@ pub struct MessageRow {
     pub created_at: i64,
 }
 
-const COLUMNS: &str =
-    "id, agent_id, role, content, tool_calls, tool_call_id, tool_name, is_error, \
-                       origin, sender, model, tokens_in, tokens_out, cost_usd, hidden, created_at";
+/// The message columns, as a literal usable in `concat!`.
+macro_rules! message_columns {
+    () => {
+        "id, agent_id, role, content, tool_calls, tool_call_id, tool_name, is_error, origin, \
+         sender, model, tokens_in, tokens_out, cost_usd, hidden, created_at"
+    };
+}
+pub(crate) use message_columns;
+
+const COLUMNS: &str = message_columns!();
 
 impl MessageRow {
     /// The tool calls of an assistant message.
@@ -40,6 +47,13 @@ impl MessageRow {
             Some(s) => serde_json::from_str(s)
                 .map_err(|e| DbError::Corrupt(format!("message {} tool_calls: {e}", self.id))),
         }
+    }
+
+    /// Parses a row returned by a statement.
+    pub fn from_sqlite(row: &sqlx::sqlite::SqliteRow) -> DbResult<Self> {
+        Ok(<Self as sqlx::FromRow<sqlx::sqlite::SqliteRow>>::from_row(
+            row,
+        )?)
     }
 
     /// The message as the model sees it.

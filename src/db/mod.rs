@@ -8,6 +8,7 @@ pub mod events;
 pub mod inbox;
 pub mod jobs;
 pub mod messages;
+pub mod steps;
 pub mod writer;
 
 use std::path::Path;
@@ -24,7 +25,7 @@ use crate::clock::Clock;
 use crate::config::{DatabaseConfig, Synchronous};
 use crate::signals::Signals;
 
-pub use writer::{WriteCtx, WriteFuture};
+pub use writer::{Arg, RowKind, RowReq, Stmt, StmtOutput, WriteCtx, WriteFuture};
 
 /// Errors of the storage layer. `Stale` means a guarded write found the row
 /// no longer in the state the caller held (cancelled agent, lost lease).
@@ -142,6 +143,20 @@ impl Db {
         F: for<'c> FnOnce(&'c mut WriteCtx) -> WriteFuture<'c, T> + Send + 'static,
     {
         self.writer.write(f).await
+    }
+
+    /// Runs a fixed script (one or more statements, all or nothing) in the
+    /// group-committed transaction as one cached command; answers after
+    /// COMMIT with one output per statement.
+    pub async fn exec(&self, stmt: Stmt) -> DbResult<Vec<StmtOutput>> {
+        self.writer.exec(stmt).await
+    }
+
+    /// Inserts one row of a hot-path kind, merged with other callers' rows of
+    /// the same kind into one statement; answers after COMMIT with the new
+    /// id (None when the row was guarded out or ignored).
+    pub async fn insert_row(&self, row: RowReq) -> DbResult<Option<i64>> {
+        self.writer.insert_row(row).await
     }
 
     /// The read-only pool.

@@ -8,7 +8,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -34,11 +34,17 @@ pub struct MockPlan {
     pub outcome: Result<ModelReply, MockFailure>,
 }
 
-/// The script interpreter with its per-conversation failure counters.
+/// The script interpreter with its per-conversation failure counters and a
+/// cache of parsed scripts (parsing the script on every request would make
+/// the mock, not the runtime, the cost that benchmarks measure).
 #[derive(Default)]
 pub struct MockBrain {
     fails: Mutex<HashMap<u64, u64>>,
+    scripts: Mutex<HashMap<u64, Arc<Vec<Value>>>>,
 }
+
+/// Parsed scripts kept at most (the cache is cleared when it grows past it).
+const SCRIPT_CACHE: usize = 100_000;
 
 /// The `#mock` script of a conversation, if any.
 pub fn find_script(messages: &[ChatMessage]) -> Option<Vec<Value>> {
@@ -101,9 +107,34 @@ impl MockBrain {
         Self::default()
     }
 
+    /// The conversation's script, parsed once per distinct first user message.
+    fn script(&self, messages: &[ChatMessage]) -> Arc<Vec<Value>> {
+        let Some(first) = messages.iter().find(|m| m.role == MsgRole::User) else {
+            return Arc::new(Vec::new());
+        };
+        let mut h = DefaultHasher::new();
+        first.content.hash(&mut h);
+        let key = h.finish();
+        if let Some(s) = self
+            .scripts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Arc::clone(s);
+        }
+        let parsed = Arc::new(find_script(messages).unwrap_or_default());
+        let mut cache = self.scripts.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= SCRIPT_CACHE {
+            cache.clear();
+        }
+        cache.insert(key, Arc::clone(&parsed));
+        parsed
+    }
+
     /// Decides the answer to one request.
     pub fn plan(&self, model: &str, messages: &[ChatMessage]) -> MockPlan {
-        let script = find_script(messages).unwrap_or_default();
+        let script = self.script(messages);
         let mut index = messages
             .iter()
             .filter(|m| m.role == MsgRole::Assistant)

@@ -72,6 +72,26 @@ impl Conversation {
         Ok(())
     }
 
+    /// Appends a just-recorded answer without re-reading its stored form.
+    pub fn push_answer(
+        &mut self,
+        content: &str,
+        calls: &[crate::model::types::ToolCall],
+    ) -> Result<(), String> {
+        if !self.open_calls.is_empty() {
+            return Err("an answer follows tool calls without results".into());
+        }
+        self.last_assistant_text = Some(content.to_string());
+        self.open_calls = calls.to_vec();
+        self.chat.push(ChatMessage {
+            role: MsgRole::Assistant,
+            content: content.to_string(),
+            tool_calls: calls.to_vec(),
+            tool_call_id: None,
+        });
+        Ok(())
+    }
+
     fn flush_if_complete(&mut self) {
         if self.open_calls.is_empty()
             || self

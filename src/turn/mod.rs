@@ -97,16 +97,25 @@ async fn run(
     sig: &Arc<TurnSignal>,
     token: &mut Option<i64>,
 ) -> Result<(), Halt> {
-    let (mut agent, resumed) = match steps::start(core, agent_id, job).await? {
-        Start::Run { agent, resumed } => (*agent, resumed),
-        Start::Skip => return Ok(()),
-    };
+    let (mut agent, resumed, inbox_waiting, context) =
+        match steps::start(core, agent_id, job).await? {
+            Start::Run {
+                agent,
+                resumed,
+                inbox_waiting,
+                context,
+            } => (*agent, resumed, inbox_waiting, context),
+            Start::Skip => return Ok(()),
+        };
     *token = Some(agent.run_token);
     tracing::Span::current().record("level", agent.level);
     if resumed {
         tracing::info!("resuming the turn after a crash");
     }
-    let rows = messages::context(core.db.reader(), agent_id).await?;
+    let rows = match context {
+        Some(rows) => rows,
+        None => messages::context(core.db.reader(), agent_id).await?,
+    };
     let mut conv = match Conversation::from_rows(&rows) {
         Ok(c) => c,
         Err(e) => {
@@ -123,8 +132,11 @@ async fn run(
     };
     let tool_names = agent.tools();
     let tools: Vec<ToolSpec> = core.catalog.specs(&tool_names);
-    // The inbox is always read at the first step boundary of a run.
-    sig.inbox.store(true, Ordering::SeqCst);
+    // Messages that arrived before this run are read at its first step
+    // boundary (later ones raise the flag themselves).
+    if inbox_waiting {
+        sig.inbox.store(true, Ordering::SeqCst);
+    }
     loop {
         if core.stop.soft.is_cancelled() {
             return release(core, &agent, job).await;
@@ -134,7 +146,7 @@ async fn run(
         }
         let pending = conv.pending();
         if !pending.is_empty() {
-            let waiting_on = run_tools(core, &agent, sig, &mut conv, &pending).await?;
+            let waiting_on = run_tools(core, &agent, &tool_names, sig, &mut conv, &pending).await?;
             if let Some(outcome) = waiting_on.stopped {
                 steps::stop(core, &agent, job.id, outcome).await?;
                 return Ok(());
@@ -186,14 +198,15 @@ async fn run(
                 return Ok(());
             }
         };
-        let row = steps::record_assistant(core, &agent, &answer).await?;
+        let message_id = steps::record_assistant(core, &agent, &answer).await?;
         agent.turn_calls += 1;
-        conv.push(&row).map_err(corrupt)?;
+        conv.push_answer(&answer.reply.content, &answer.reply.tool_calls)
+            .map_err(corrupt)?;
         if core.signals.has_listeners() {
             core.signals.publish(agent.agent_ref().event(
                 EventKind::AssistantMessage,
-                row.created_at,
-                serde_json::json!({"message_id": row.id, "content": row.content,
+                core.now_ms(),
+                serde_json::json!({"message_id": message_id, "content": answer.reply.content,
                     "tool_calls": answer.reply.tool_calls, "model": answer.model}),
             ));
         }
@@ -314,6 +327,7 @@ struct ToolRun {
 async fn run_tools(
     core: &Arc<Core>,
     agent: &AgentRow,
+    allowed: &[String],
     sig: &Arc<TurnSignal>,
     conv: &mut Conversation,
     pending: &[ToolCall],
@@ -330,7 +344,7 @@ async fn run_tools(
         }
         let mut running: FuturesUnordered<_> = pending[i..j]
             .iter()
-            .map(|call| async move { (call, execute(core, agent, sig, call).await) })
+            .map(|call| async move { (call, execute(core, agent, allowed, sig, call).await) })
             .collect();
         loop {
             let next = tokio::select! {
@@ -378,10 +392,10 @@ async fn run_tools(
 async fn execute(
     core: &Arc<Core>,
     agent: &AgentRow,
+    allowed: &[String],
     sig: &Arc<TurnSignal>,
     call: &ToolCall,
 ) -> ToolOutput {
-    let allowed = agent.tools();
     if !allowed.iter().any(|t| t == &call.name) {
         let list = if allowed.is_empty() {
             "none".to_string()
@@ -397,7 +411,8 @@ async fn execute(
             format!("unknown tool `{}`; available tools: {list}", call.name)
         });
     }
-    let Some(tool) = core.catalog.get(&call.name) else {
+    let (Some(tool), Some(spec)) = (core.catalog.get(&call.name), core.catalog.spec(&call.name))
+    else {
         return ToolOutput::Err(format!(
             "tool `{}` is not installed on this server",
             call.name
@@ -408,7 +423,6 @@ async fn execute(
     } else {
         call.arguments.as_str()
     };
-    let spec = tool.spec();
     let args: Value = match serde_json::from_str(raw) {
         Ok(v) => v,
         Err(e) => {

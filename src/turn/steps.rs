@@ -1,8 +1,8 @@
-//! The recorded steps of a turn, each one write (one transaction through the
-//! group-commit writer): start, take the inbox, record an assistant answer,
-//! record a tool result, suspend, finish, stop on a limit, release. Every
-//! step after `start` is guarded by the run token, so a cancelled agent or a
-//! turn taken over by another worker cannot record anything.
+//! The recorded steps of a turn, each one write through the group-commit
+//! writer (and each one round trip to SQLite): start, take the inbox, record
+//! an assistant answer, record a tool result, suspend, finish, stop on a
+//! limit, release. Every step after `start` is guarded by the run token, so
+//! a cancelled agent or a turn taken over by another worker records nothing.
 
 use std::sync::Arc;
 
@@ -11,8 +11,8 @@ use serde_json::json;
 use crate::core::Core;
 use crate::db::agents::{self, AgentRow};
 use crate::db::jobs::{self, ClaimedJob};
-use crate::db::messages::{self, MessageRow, NewMessage};
-use crate::db::{events, inbox, DbError, DbResult, WriteCtx, WriteFuture};
+use crate::db::messages::MessageRow;
+use crate::db::{steps as sql, DbError, DbResult, WriteCtx, WriteFuture};
 use crate::events::EventKind;
 use crate::lifecycle::{self, Outcome};
 use crate::model::Answer;
@@ -22,20 +22,19 @@ fn stale(agent_id: &str) -> DbError {
     DbError::Stale(format!("agent {agent_id} no longer runs under this turn"))
 }
 
-async fn guard(ctx: &mut WriteCtx, agent_id: &str, run_token: i64) -> DbResult<()> {
-    if agents::holds_run(&mut ctx.conn, agent_id, run_token).await? {
-        Ok(())
-    } else {
-        Err(stale(agent_id))
-    }
-}
-
 /// What `start` decided.
 #[derive(Debug)]
 pub enum Start {
     /// Run the turn; the row carries the new run token.
-    Run { agent: Box<AgentRow>, resumed: bool },
-    /// Nothing to run (agent settled, gone, or quarantined); the job is done.
+    Run {
+        agent: Box<AgentRow>,
+        resumed: bool,
+        inbox_waiting: bool,
+        /// The conversation, when it came back with the start.
+        context: Option<Vec<MessageRow>>,
+    },
+    /// Nothing to run (agent settled, waiting, gone, or quarantined); the
+    /// job is finished.
     Skip,
 }
 
@@ -43,55 +42,56 @@ pub enum Start {
 /// died mid-turn: that is a crash resume, counted per step, and after
 /// `max_resumes` crashes in a row at the same step the agent is quarantined.
 pub async fn start(core: &Arc<Core>, agent_id: &str, job: &ClaimedJob) -> DbResult<Start> {
+    let now = core.now_ms();
+    let out = core.db.exec(sql::start(agent_id, now)).await?;
+    let Some(started) = sql::started(&out)? else {
+        // Settled, waiting or gone: the turn this job was for is over.
+        complete_job(core, job.id).await?;
+        return Ok(Start::Skip);
+    };
+    let a = started.agent;
+    if a.resume_count >= core.cfg.workers.max_resumes {
+        quarantine(core, a, job.id).await?;
+        return Ok(Start::Skip);
+    }
+    let resumed = a.resume_count > 0;
+    core.signals.publish(a.agent_ref().event(
+        EventKind::TurnStarted,
+        now,
+        json!({"resumed": resumed}),
+    ));
+    Ok(Start::Run {
+        agent: Box::new(a),
+        resumed,
+        inbox_waiting: started.inbox_waiting,
+        context: started.context,
+    })
+}
+
+/// Fails an agent whose turn keeps crashing the process at the same step.
+async fn quarantine(core: &Arc<Core>, a: AgentRow, job_id: i64) -> DbResult<()> {
     let core2 = Arc::clone(core);
-    let id = agent_id.to_string();
-    let job_id = job.id;
     core.db
-        .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, Start> {
+        .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, ()> {
             Box::pin(async move {
-                let owner = core2.owner.clone();
-                let Some(a) = agents::get_tx(&mut ctx.conn, &id).await? else {
-                    jobs::fail(&mut ctx.conn, ctx.now, job_id, &owner, "agent not found").await?;
-                    return Ok(Start::Skip);
-                };
-                let (resume_at, count, resumed) = match a.status {
-                    AgentStatus::Queued => (None, 0, false),
-                    AgentStatus::Running => {
-                        let step = messages::last_id(&mut ctx.conn, &id).await?;
-                        let count = if a.resume_msg_id == Some(step) {
-                            a.resume_count + 1
-                        } else {
-                            1
-                        };
-                        if count >= core2.cfg.workers.max_resumes {
-                            jobs::fail(&mut ctx.conn, ctx.now, job_id, &owner, "quarantined").await?;
-                            let error = format!(
-                                "quarantined: the turn crashed {count} times in a row at the same step \
-                                 (after message {step}); it is not resumed again ([workers] max_resumes = {})",
-                                core2.cfg.workers.max_resumes
-                            );
-                            tracing::error!(agent_id = %id, %error, "crash loop contained");
-                            lifecycle::settle_tx(ctx, &core2, &a, Outcome::failed(StopReason::Quarantined, error), true)
-                                .await?;
-                            return Ok(Start::Skip);
-                        }
-                        (Some(step), count, true)
-                    }
-                    _ => {
-                        // Settled or waiting: the turn this job was for is over.
-                        jobs::complete(&mut ctx.conn, ctx.now, job_id, &owner).await?;
-                        return Ok(Start::Skip);
-                    }
-                };
-                let agent = agents::mark_running(&mut ctx.conn, ctx.now, &id, resume_at, count).await?;
-                let ev = agent
-                    .agent_ref()
-                    .event(EventKind::TurnStarted, ctx.now, json!({"resumed": resumed}));
-                events::emit(ctx, ev).await?;
-                Ok(Start::Run {
-                    agent: Box::new(agent),
-                    resumed,
-                })
+                jobs::fail(&mut ctx.conn, ctx.now, job_id, &core2.owner, "quarantined").await?;
+                let error = format!(
+                    "quarantined: the turn crashed {} times in a row at the same step \
+                     (after message {}); it is not resumed again ([workers] max_resumes = {})",
+                    a.resume_count,
+                    a.resume_msg_id.unwrap_or(0),
+                    core2.cfg.workers.max_resumes
+                );
+                tracing::error!(agent_id = %a.id, %error, "crash loop contained");
+                lifecycle::settle_tx(
+                    ctx,
+                    &core2,
+                    &a,
+                    Outcome::failed(StopReason::Quarantined, error),
+                    true,
+                )
+                .await?;
+                Ok(())
             })
         })
         .await
@@ -105,75 +105,42 @@ pub async fn take_inbox(core: &Arc<Core>, agent: &AgentRow) -> DbResult<Vec<Mess
         .write(
             move |ctx: &mut WriteCtx| -> WriteFuture<'_, Vec<MessageRow>> {
                 Box::pin(async move {
-                    guard(ctx, &id, token).await?;
-                    inbox::take(&mut ctx.conn, ctx.now, &id).await
+                    let rows = sql::take_inbox(ctx, &id, token).await?;
+                    if rows.is_empty() && !agents::holds_run(&mut ctx.conn, &id, token).await? {
+                        return Err(stale(&id));
+                    }
+                    Ok(rows)
                 })
             },
         )
         .await
 }
 
-/// Records one model answer with its usage and cost (rolled up to the
-/// ancestors' subtree spend).
+/// Records one model answer with its usage; returns the message id.
 pub async fn record_assistant(
     core: &Arc<Core>,
     agent: &AgentRow,
     answer: &Answer,
-) -> DbResult<MessageRow> {
-    let id = agent.id.clone();
-    let token = agent.run_token;
-    let ancestors = agent.ancestors();
-    let reply = answer.reply.clone();
-    let model = answer.model.clone();
-    let cost = answer.cost_usd;
-    core.db
-        .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, MessageRow> {
-            Box::pin(async move {
-                let u = reply.usage;
-                if !agents::add_model_usage(
-                    &mut ctx.conn,
-                    &id,
-                    token,
-                    u.tokens_in,
-                    u.tokens_out,
-                    cost,
-                    &ancestors,
-                )
-                .await?
-                {
-                    return Err(stale(&id));
-                }
-                let calls = (!reply.tool_calls.is_empty()).then(|| {
-                    serde_json::to_string(&reply.tool_calls).unwrap_or_else(|_| "[]".into())
-                });
-                let mut m = NewMessage::plain(&id, MsgRole::Assistant, &reply.content);
-                m.tool_calls = calls.clone();
-                m.model = Some(&model);
-                m.tokens_in = Some(u.tokens_in);
-                m.tokens_out = Some(u.tokens_out);
-                m.cost_usd = Some(cost);
-                let mid = messages::insert(&mut ctx.conn, ctx.now, &m).await?;
-                Ok(MessageRow {
-                    id: mid,
-                    agent_id: id.clone(),
-                    role: MsgRole::Assistant,
-                    content: reply.content.clone(),
-                    tool_calls: calls,
-                    tool_call_id: None,
-                    tool_name: None,
-                    is_error: false,
-                    origin: None,
-                    sender: None,
-                    model: Some(model.clone()),
-                    tokens_in: Some(u.tokens_in),
-                    tokens_out: Some(u.tokens_out),
-                    cost_usd: Some(cost),
-                    hidden: false,
-                    created_at: ctx.now,
-                })
-            })
-        })
-        .await
+) -> DbResult<i64> {
+    let reply = &answer.reply;
+    let u = reply.usage;
+    let calls = (!reply.tool_calls.is_empty())
+        .then(|| serde_json::to_string(&reply.tool_calls).unwrap_or_else(|_| "[]".into()));
+    let id = core
+        .db
+        .insert_row(sql::assistant_row(
+            &agent.id,
+            agent.run_token,
+            core.now_ms(),
+            &reply.content,
+            calls,
+            &answer.model,
+            u.tokens_in,
+            u.tokens_out,
+            answer.cost_usd,
+        ))
+        .await?;
+    id.ok_or_else(|| stale(&agent.id))
 }
 
 /// Records one tool result. None when the call already had a result (it is
@@ -186,50 +153,46 @@ pub async fn record_tool_result(
     content: String,
     is_error: bool,
 ) -> DbResult<Option<MessageRow>> {
-    let id = agent.id.clone();
-    let token = agent.run_token;
-    let call_id = call_id.to_string();
-    let tool_name = tool_name.to_string();
-    core.db
-        .write(
-            move |ctx: &mut WriteCtx| -> WriteFuture<'_, Option<MessageRow>> {
-                Box::pin(async move {
-                    guard(ctx, &id, token).await?;
-                    let Some(mid) = messages::insert_tool_result(
-                        &mut ctx.conn,
-                        ctx.now,
-                        &id,
-                        &call_id,
-                        &tool_name,
-                        &content,
-                        is_error,
-                    )
-                    .await?
-                    else {
-                        return Ok(None);
-                    };
-                    Ok(Some(MessageRow {
-                        id: mid,
-                        agent_id: id,
-                        role: MsgRole::Tool,
-                        content,
-                        tool_calls: None,
-                        tool_call_id: Some(call_id),
-                        tool_name: Some(tool_name),
-                        is_error,
-                        origin: None,
-                        sender: None,
-                        model: None,
-                        tokens_in: None,
-                        tokens_out: None,
-                        cost_usd: None,
-                        hidden: false,
-                        created_at: ctx.now,
-                    }))
-                })
-            },
-        )
-        .await
+    let now = core.now_ms();
+    let id = core
+        .db
+        .insert_row(sql::tool_result_row(
+            &agent.id,
+            agent.run_token,
+            now,
+            call_id,
+            tool_name,
+            &content,
+            is_error,
+        ))
+        .await?;
+    let Some(id) = id else {
+        // Either the result exists already or the agent stopped running.
+        let mut conn = core.db.reader().acquire().await?;
+        return if agents::holds_run(&mut conn, &agent.id, agent.run_token).await? {
+            Ok(None)
+        } else {
+            Err(stale(&agent.id))
+        };
+    };
+    Ok(Some(MessageRow {
+        id,
+        agent_id: agent.id.clone(),
+        role: MsgRole::Tool,
+        content,
+        tool_calls: None,
+        tool_call_id: Some(call_id.to_string()),
+        tool_name: Some(tool_name.to_string()),
+        is_error,
+        origin: None,
+        sender: None,
+        model: None,
+        tokens_in: None,
+        tokens_out: None,
+        cost_usd: None,
+        hidden: false,
+        created_at: now,
+    }))
 }
 
 /// What `suspend` decided.
@@ -251,26 +214,35 @@ pub async fn suspend(
     pending: Vec<String>,
 ) -> DbResult<Suspend> {
     let core2 = Arc::clone(core);
-    let id = agent.id.clone();
-    let token = agent.run_token;
+    let a = agent.clone();
     core.db
         .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, Suspend> {
             Box::pin(async move {
-                guard(ctx, &id, token).await?;
-                let results = messages::results_for_calls(&mut ctx.conn, &id, &pending).await?;
-                if results.len() >= pending.len() {
-                    return Ok(Suspend::Continue(results));
+                let data = json!({"waiting_on": pending}).to_string();
+                if sql::suspend(
+                    ctx,
+                    &a.id,
+                    a.run_token,
+                    job_id,
+                    &core2.owner,
+                    &pending,
+                    &data,
+                )
+                .await?
+                {
+                    ctx.effects.events.push(a.agent_ref().event(
+                        EventKind::AgentWaiting,
+                        ctx.now,
+                        json!({"waiting_on": pending}),
+                    ));
+                    return Ok(Suspend::Suspended);
                 }
-                agents::set_status(&mut ctx.conn, &id, AgentStatus::Waiting).await?;
-                jobs::complete(&mut ctx.conn, ctx.now, job_id, &core2.owner).await?;
-                let a = agents::must_get_tx(&mut ctx.conn, &id).await?;
-                let ev = a.agent_ref().event(
-                    EventKind::AgentWaiting,
-                    ctx.now,
-                    json!({"waiting_on": pending}),
-                );
-                events::emit(ctx, ev).await?;
-                Ok(Suspend::Suspended)
+                if !agents::holds_run(&mut ctx.conn, &a.id, a.run_token).await? {
+                    return Err(stale(&a.id));
+                }
+                let results =
+                    crate::db::messages::results_for_calls(&mut ctx.conn, &a.id, &pending).await?;
+                Ok(Suspend::Continue(results))
             })
         })
         .await
@@ -286,39 +258,94 @@ pub enum Finish {
     NextTurn(Vec<MessageRow>),
 }
 
-/// Ends the turn with the model's final answer.
+/// Ends the turn with the model's final answer. A level-1 agent without a
+/// webhook settles with one script; anything that must report its
+/// completion (to a parent, to a webhook) settles in a closure that writes
+/// the report in the same transaction.
 pub async fn finish(
     core: &Arc<Core>,
     agent: &AgentRow,
     job_id: i64,
     result: String,
 ) -> DbResult<Finish> {
+    if agent.parent_id.is_none() && !crate::notify::has_target(core, agent) {
+        let outcome = Outcome::done(result);
+        let settlement = lifecycle::settlement(&outcome);
+        let now = core.now_ms();
+        let script = agents::settle_running_lean(
+            &agent.id,
+            agent.run_token,
+            job_id,
+            &core.owner,
+            true,
+            &settlement,
+            now,
+        );
+        let out = core.db.exec(script).await?;
+        if agents::settled_lean(&out) {
+            if core.signals.has_listeners() {
+                if let Some(row) = agents::get(core.db.reader(), &agent.id).await? {
+                    lifecycle::publish_finished(core, &row, now);
+                }
+            }
+            return Ok(Finish::Settled);
+        }
+        return next_turn(core, agent, outcome.result.unwrap_or_default()).await;
+    }
     let core2 = Arc::clone(core);
     let id = agent.id.clone();
     let token = agent.run_token;
     core.db
         .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, Finish> {
             Box::pin(async move {
-                guard(ctx, &id, token).await?;
-                if inbox::count(&mut ctx.conn, &id).await? > 0 {
-                    agents::set_turn_result(&mut ctx.conn, &id, &result).await?;
-                    let rows = inbox::take(&mut ctx.conn, ctx.now, &id).await?;
-                    let a = agents::must_get_tx(&mut ctx.conn, &id).await?;
-                    let ev = a.agent_ref().event(
-                        EventKind::TurnStarted,
-                        ctx.now,
-                        json!({"resumed": false}),
-                    );
-                    events::emit(ctx, ev).await?;
-                    return Ok(Finish::NextTurn(rows));
+                let outcome = Outcome::done(result);
+                let settlement = lifecycle::settlement(&outcome);
+                let settled = agents::settle_running(
+                    ctx,
+                    &id,
+                    token,
+                    job_id,
+                    &core2.owner,
+                    true,
+                    &settlement,
+                )
+                .await?;
+                if let Some(row) = settled {
+                    lifecycle::after_settle_tx(ctx, &core2, &row, true).await?;
+                    return Ok(Finish::Settled);
                 }
-                jobs::complete(&mut ctx.conn, ctx.now, job_id, &core2.owner).await?;
-                let a = agents::must_get_tx(&mut ctx.conn, &id).await?;
-                lifecycle::settle_tx(ctx, &core2, &a, Outcome::done(result), true).await?;
-                Ok(Finish::Settled)
+                next_turn_tx(ctx, &id, token, outcome.result.as_deref().unwrap_or("")).await
             })
         })
         .await
+}
+
+/// The turn ended but messages wait: keep running with them.
+async fn next_turn(core: &Arc<Core>, agent: &AgentRow, result: String) -> DbResult<Finish> {
+    let id = agent.id.clone();
+    let token = agent.run_token;
+    core.db
+        .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, Finish> {
+            Box::pin(async move { next_turn_tx(ctx, &id, token, &result).await })
+        })
+        .await
+}
+
+async fn next_turn_tx(ctx: &mut WriteCtx, id: &str, token: i64, result: &str) -> DbResult<Finish> {
+    if !agents::holds_run(&mut ctx.conn, id, token).await? {
+        return Err(stale(id));
+    }
+    // Still running under this token, so the inbox is not empty.
+    agents::set_turn_result(&mut ctx.conn, id, result).await?;
+    let rows = sql::take_inbox(ctx, id, token).await?;
+    let a = agents::must_get_tx(&mut ctx.conn, id).await?;
+    crate::db::events::emit(
+        ctx,
+        a.agent_ref()
+            .event(EventKind::TurnStarted, ctx.now, json!({"resumed": false})),
+    )
+    .await?;
+    Ok(Finish::NextTurn(rows))
 }
 
 /// Ends the turn on a limit or an error.
@@ -334,11 +361,21 @@ pub async fn stop(
     core.db
         .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, ()> {
             Box::pin(async move {
-                guard(ctx, &id, token).await?;
-                jobs::complete(&mut ctx.conn, ctx.now, job_id, &core2.owner).await?;
-                let a = agents::must_get_tx(&mut ctx.conn, &id).await?;
-                lifecycle::settle_tx(ctx, &core2, &a, outcome, true).await?;
-                Ok(())
+                let settlement = lifecycle::settlement(&outcome);
+                match agents::settle_running(
+                    ctx,
+                    &id,
+                    token,
+                    job_id,
+                    &core2.owner,
+                    false,
+                    &settlement,
+                )
+                .await?
+                {
+                    Some(row) => lifecycle::after_settle_tx(ctx, &core2, &row, true).await,
+                    None => Err(stale(&id)),
+                }
             })
         })
         .await
@@ -411,13 +448,8 @@ pub async fn retry_later(
 /// Completes the job when the turn ended without a step write (the agent
 /// was cancelled or settled by someone else).
 pub async fn complete_job(core: &Arc<Core>, job_id: i64) -> DbResult<()> {
-    let owner = core.owner.clone();
     core.db
-        .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, ()> {
-            Box::pin(async move {
-                jobs::complete(&mut ctx.conn, ctx.now, job_id, &owner).await?;
-                Ok(())
-            })
-        })
-        .await
+        .exec(jobs::complete_stmt(core.now_ms(), job_id, &core.owner))
+        .await?;
+    Ok(())
 }
