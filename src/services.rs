@@ -186,35 +186,38 @@ pub async fn deadline_sweeper(core: Arc<Core>, stop: CancellationToken) {
 }
 
 /// Deletes finished jobs and finished sub-agents older than the retention,
-/// in small batches so no write holds the lock for long.
+/// in small batches so no write holds the lock for long; level-1 agents
+/// stay until deleted.
 pub async fn pruner(core: Arc<Core>, stop: CancellationToken) {
-    let retention_ms = (core.cfg.agents.retention_h * 3_600_000.0) as i64;
     let every = Duration::from_secs(60);
     while tick(&stop, every).await {
-        let before = core.now_ms() - retention_ms;
-        loop {
-            let r = core
-                .db
-                .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, u64> {
-                    Box::pin(async move {
-                        let j = jobs::prune(ctx, before, 500).await?;
-                        let a =
-                            agents::prune_finished_subagents(&mut ctx.conn, before, 100).await?;
-                        Ok(j + a)
-                    })
+        match prune_once(&core, &stop).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(rows = n, "pruned"),
+            Err(e) => tracing::error!(error = %e, "prune failed"),
+        }
+    }
+}
+
+/// One pruning pass; returns how many job and agent rows went.
+pub async fn prune_once(core: &Arc<Core>, stop: &CancellationToken) -> crate::db::DbResult<u64> {
+    let retention_ms = (core.cfg.agents.retention_h * 3_600_000.0) as i64;
+    let before = core.now_ms() - retention_ms;
+    let mut total = 0;
+    loop {
+        let n = core
+            .db
+            .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, u64> {
+                Box::pin(async move {
+                    let j = jobs::prune(ctx, before, 500).await?;
+                    let a = agents::prune_finished_subagents(&mut ctx.conn, before, 100).await?;
+                    Ok(j + a)
                 })
-                .await;
-            match r {
-                Ok(0) => break,
-                Ok(n) => tracing::debug!(rows = n, "pruned"),
-                Err(e) => {
-                    tracing::error!(error = %e, "prune failed");
-                    break;
-                }
-            }
-            if stop.is_cancelled() {
-                return;
-            }
+            })
+            .await?;
+        total += n;
+        if n == 0 || stop.is_cancelled() {
+            return Ok(total);
         }
     }
 }

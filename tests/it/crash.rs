@@ -194,3 +194,49 @@ async fn a_step_that_crashes_the_process_every_time_is_quarantined() {
     assert_eq!(h.wait(ok["id"].as_str().unwrap()).await["status"], "done");
     b.kill();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_running_step_and_releases_the_turn() {
+    let env = Env::new().await;
+    let cfg = write_config(&env, "[workers]\nshutdown_grace_s = 20.0\n");
+    let steps = json!([
+        {"call": [{"name": "sleep", "args": {"ms": 500}}]},
+        {"call": [{"name": "echo", "args": {"text": "after restart"}}]},
+        {"say": "done"}
+    ]);
+    let first = Binary::start(&cfg, &env.path("stderr.log"));
+    let a = Harness::remote(&first.url)
+        .submit_task(&scripted("graceful", steps))
+        .await;
+    let id = a["id"].as_str().unwrap().to_string();
+    let pid = first.pid();
+    until("the sleep started", || {
+        env.debug_log()
+            .iter()
+            .any(|l| l["pid"].as_u64() == Some(pid as u64))
+    })
+    .await;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut first = first;
+    let exit = first.child.wait().unwrap();
+    assert!(exit.success(), "graceful exit: {exit:?}");
+
+    let second = Binary::start(&cfg, &env.path("stderr.log"));
+    let h = Harness::remote(&second.url);
+    let done = h.wait(&id).await;
+    assert_eq!(done["status"], "done", "{done}");
+    let log = env.debug_log();
+    let sleeps = log.iter().filter(|l| l["tool"] == "sleep").count();
+    assert_eq!(
+        sleeps, 1,
+        "the running step finished before exit and was not redone"
+    );
+    assert!(log
+        .iter()
+        .any(|l| l["tool"] == "echo" && l["pid"].as_u64() == Some(second.pid() as u64)));
+    second.kill();
+}

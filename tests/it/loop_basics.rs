@@ -260,3 +260,83 @@ async fn one_worker_finishes_fifty_agents_one_turn_at_a_time() {
     assert!(per_agent.values().all(|n| *n == 3));
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_restarts_the_model_call_with_the_new_message() {
+    let env = Env::new().await;
+    let h = env.start("[providers.mock]\ntimeout_s = 30.0\n").await;
+    let steps = json!([{"say": "answered", "delay_ms": 1500}]);
+    let a = h.submit_task(&scripted("interrupt me", steps)).await;
+    let id = a["id"].as_str().unwrap().to_string();
+    for _ in 0..2000 {
+        if !env.mock_log().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (s, v) = h
+        .post(
+            &format!("/v1/agents/{id}/messages"),
+            json!({"content": "also this", "mode": "interrupt"}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["delivery"], "queued");
+    let done = h.wait(&id).await;
+    assert_eq!(done["status"], "done", "{done}");
+    let log = env.mock_log();
+    assert_eq!(
+        log.len(),
+        2,
+        "the in-flight request was abandoned and asked again"
+    );
+    let second: Vec<&str> = log[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(second.last(), Some(&"also this"));
+    let roles: Vec<String> = h
+        .messages(&id)
+        .await
+        .iter()
+        .map(|m| m["role"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(roles, ["system", "user", "user", "assistant"]);
+    assert_eq!(
+        done["usage"]["turns"], 1,
+        "only the answer that was recorded counts"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pruner_removes_old_jobs_and_finished_subagents_only() {
+    let env = Env::new().await;
+    let h = env.start("[agents]\nretention_h = 0.0\n").await;
+    let a = h.submit_task("prune me").await;
+    let id = a["id"].as_str().unwrap().to_string();
+    h.wait(&id).await;
+    let core = h.core().clone();
+    let before = agentq::db::jobs::count_by_state(core.db.reader())
+        .await
+        .unwrap();
+    assert!(
+        before.iter().any(|(s, n)| s == "completed" && *n == 1),
+        "{before:?}"
+    );
+    // Retention 0: everything finished before now is old.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let n = agentq::services::prune_once(&core, &stop).await.unwrap();
+    assert_eq!(n, 1, "the completed job goes");
+    let after = agentq::db::jobs::count_by_state(core.db.reader())
+        .await
+        .unwrap();
+    assert!(after.is_empty(), "{after:?}");
+    // The level-1 agent stays.
+    let (s, v) = h.get(&format!("/v1/agents/{id}")).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["status"], "done");
+    h.shutdown().await;
+}
