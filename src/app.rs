@@ -106,6 +106,16 @@ impl App {
 pub async fn build_core(cfg: Config, clock: Clock) -> anyhow::Result<Arc<Core>> {
     let auth = Auth::from_config(&cfg)?;
     let catalog = crate::tools::builtin_catalog(&cfg);
+    for tool in cfg.tools.approval.keys() {
+        if !catalog.contains(tool) && !matches!(tool.as_str(), "echo" | "sleep") {
+            return Err(crate::config::ConfigError::new(
+                &cfg.source,
+                format!("tools.approval.{tool}"),
+                format!("unknown tool (known: {})", catalog.names().join(", ")),
+            )
+            .into());
+        }
+    }
     let definitions = Definitions::load(&cfg, &catalog)?;
     let models = ModelRouter::from_config(&cfg).map_err(anyhow::Error::msg)?;
     let signals = Arc::new(Signals::new());

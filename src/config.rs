@@ -217,6 +217,16 @@ impl Default for HeartbeatConfig {
     }
 }
 
+/// Whether a tool call needs a human's approval before it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalPolicy {
+    /// Suspend the agent until a human approves or denies.
+    Ask,
+    /// Run without asking.
+    Never,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ToolsConfig {
@@ -225,6 +235,8 @@ pub struct ToolsConfig {
     /// A path: debug tools append one JSON line per execution.
     pub debug_log: String,
     pub manifests_dir: PathBuf,
+    /// Per tool: `"ask"` or `"never"`. `agent_cancel` asks by default.
+    pub approval: BTreeMap<String, ApprovalPolicy>,
 }
 
 impl Default for ToolsConfig {
@@ -233,7 +245,15 @@ impl Default for ToolsConfig {
             debug: false,
             debug_log: String::new(),
             manifests_dir: PathBuf::from("config/tools"),
+            approval: BTreeMap::from([("agent_cancel".to_string(), ApprovalPolicy::Ask)]),
         }
+    }
+}
+
+impl ToolsConfig {
+    /// Whether calls of `tool` wait for a human's approval.
+    pub fn needs_approval(&self, tool: &str) -> bool {
+        self.approval.get(tool) == Some(&ApprovalPolicy::Ask)
     }
 }
 

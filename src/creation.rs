@@ -506,6 +506,7 @@ fn plan(
         notify: req.notify.as_ref().map(Value::to_string),
         metadata: req.metadata.to_string(),
         idempotency_key: req.idempotency_key.clone(),
+        dropped_tools: dropped.clone(),
     };
     Ok(Plan {
         system_prompt: compose_system_prompt(

@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod app;
+pub mod approvals;
 pub mod bench;
 pub mod cli;
 pub mod clock;

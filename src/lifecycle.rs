@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::core::Core;
 use crate::db::agents::{self, AgentRow, Settlement};
 use crate::db::messages;
-use crate::db::{jobs, DbError, DbResult, WriteCtx, WriteFuture};
+use crate::db::{jobs, waits, DbError, DbResult, WriteCtx, WriteFuture};
 use crate::delivery::{self, DeliverError};
 use crate::events::EventKind;
 use crate::types::{AgentStatus, Origin, StopReason};
@@ -111,13 +111,23 @@ pub fn result_header(a: &AgentRow, handle: Option<&str>) -> String {
     }
 }
 
-/// Header, blank line, result (the result is left out when empty).
+/// Header, blank line, result (the result is left out when empty). A note
+/// names requested tools the child did not get because its parent lacks
+/// them.
 pub fn result_message(a: &AgentRow, handle: Option<&str>) -> String {
-    let header = result_header(a, handle);
-    match a.result.as_deref().map(str::trim) {
-        Some(r) if !r.is_empty() => format!("{header}\n\n{r}"),
-        _ => header,
+    let mut text = result_header(a, handle);
+    let dropped = a.dropped();
+    if !dropped.is_empty() {
+        text.push_str(&format!(
+            "\nNote: requested tools not granted (the parent lacks them): {}",
+            dropped.join(", ")
+        ));
     }
+    if let Some(r) = a.result.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
+        text.push_str("\n\n");
+        text.push_str(r);
+    }
+    text
 }
 
 /// The handle of an agent inside a write.
@@ -197,8 +207,11 @@ pub async fn after_settle_tx(
     }
     ctx.effects.events.push(finished_event(settled, ctx.now));
     crate::notify::enqueue_tx(ctx, core, settled).await?;
+    // Ancestors waiting on this agent are answered even when the parent is
+    // not told (a cancelled subtree's members), so no wait is left hanging.
+    let awaited_by_parent = resolve_waits_on(ctx, core, settled).await?;
     if tell_parent {
-        report_to_parent(ctx, core, settled).await?;
+        report_to_parent(ctx, core, settled, awaited_by_parent).await?;
     }
     Ok(())
 }
@@ -207,10 +220,20 @@ pub async fn after_settle_tx(
 /// becomes the spawn call's tool result (and resumes the parent when nothing
 /// else is pending); a background child's result is delivered to the
 /// parent's inbox with origin `child`.
-async fn report_to_parent(ctx: &mut WriteCtx, core: &Core, child: &AgentRow) -> DbResult<()> {
+async fn report_to_parent(
+    ctx: &mut WriteCtx,
+    core: &Core,
+    child: &AgentRow,
+    awaited_by_parent: bool,
+) -> DbResult<()> {
     let Some(parent_id) = child.parent_id.clone() else {
         return Ok(());
     };
+    // A parent waiting on this child gets it through its wait and needs no
+    // inbox message about it.
+    if child.background && awaited_by_parent {
+        return Ok(());
+    }
     if child.background {
         let handle = handle_tx(ctx, child).await?;
         let m = delivery::Message {
@@ -244,6 +267,81 @@ async fn report_to_parent(ctx: &mut WriteCtx, core: &Core, child: &AgentRow) -> 
         .await?;
         resume_if_ready(ctx, core, &parent_id).await?;
     }
+    Ok(())
+}
+
+/// Resolves the open waits (of the child's ancestors) that this child's
+/// settling satisfies. Returns whether the child's parent has an open wait
+/// on it (satisfied or not).
+async fn resolve_waits_on(ctx: &mut WriteCtx, core: &Core, child: &AgentRow) -> DbResult<bool> {
+    let ancestors = child.ancestors();
+    if ancestors.is_empty() {
+        return Ok(false);
+    }
+    let mut awaited_by_parent = false;
+    for w in waits::open_for(&mut ctx.conn, &ancestors).await? {
+        let ids = w.children();
+        if !ids.contains(&child.id) {
+            continue;
+        }
+        if Some(&w.agent_id) == child.parent_id.as_ref() {
+            awaited_by_parent = true;
+        }
+        let mut rows = Vec::with_capacity(ids.len());
+        for id in &ids {
+            if let Some(r) = agents::get_tx(&mut ctx.conn, id).await? {
+                rows.push(r);
+            }
+        }
+        let settled = rows.iter().filter(|r| r.status.is_settled()).count();
+        let satisfied = if w.any() {
+            settled > 0
+        } else {
+            settled == rows.len()
+        };
+        if satisfied {
+            finish_wait(ctx, core, &w, &rows, false).await?;
+        }
+    }
+    Ok(awaited_by_parent)
+}
+
+/// Writes a wait's result (each agent's header and result, or its current
+/// status), resolves it and resumes the waiter when nothing else is pending.
+pub async fn finish_wait(
+    ctx: &mut WriteCtx,
+    core: &Core,
+    w: &waits::WaitRow,
+    rows: &[AgentRow],
+    timed_out: bool,
+) -> DbResult<()> {
+    let mut parts = Vec::with_capacity(rows.len() + 1);
+    if timed_out {
+        parts.push(format!(
+            "wait_for_agent timed out after {}s; where each agent stands:",
+            w.timeout_s
+        ));
+    }
+    for r in rows {
+        let h = handle_tx(ctx, r).await?;
+        parts.push(if r.status.is_settled() {
+            result_message(r, Some(&h))
+        } else {
+            format!("[Sub-agent {h} is {}]", r.status)
+        });
+    }
+    messages::insert_tool_result(
+        &mut ctx.conn,
+        ctx.now,
+        &w.agent_id,
+        &w.tool_call_id,
+        "wait_for_agent",
+        &parts.join("\n\n"),
+        false,
+    )
+    .await?;
+    waits::resolve(&mut ctx.conn, ctx.now, w.id).await?;
+    resume_if_ready(ctx, core, &w.agent_id).await?;
     Ok(())
 }
 

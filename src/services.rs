@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::core::Core;
 use crate::db::agents;
 use crate::db::jobs;
+use crate::db::waits;
 use crate::db::{WriteCtx, WriteFuture};
 use crate::lifecycle::{self, Outcome};
 use crate::types::{JobKind, StopReason};
@@ -118,71 +119,99 @@ pub async fn rescuer(core: Arc<Core>, stop: CancellationToken) {
 }
 
 /// Times out active agents whose deadline passed (running turns also watch
-/// their own deadline; whichever writes first wins, guarded by status).
+/// their own deadline; whichever writes first wins, guarded by status) and
+/// answers `wait_for_agent` calls whose timeout passed.
 pub async fn deadline_sweeper(core: Arc<Core>, stop: CancellationToken) {
     loop {
         let now = core.now_ms();
-        let wait = match agents::next_deadline(core.db.reader()).await {
-            Ok(Some(t)) => (t - now).clamp(0, 1000),
-            _ => 1000,
+        let next = match (
+            agents::next_deadline(core.db.reader()).await,
+            waits::next_deadline(core.db.reader()).await,
+        ) {
+            (Ok(a), Ok(w)) => [a, w].into_iter().flatten().min(),
+            _ => None,
         };
+        let wait = next.map(|t| (t - now).clamp(0, 1000)).unwrap_or(1000);
         if wait > 0 && !tick(&stop, Duration::from_millis(wait as u64)).await {
             return;
         }
         if stop.is_cancelled() {
             return;
         }
-        let due = match agents::past_deadline(core.db.reader(), core.now_ms(), 200).await {
-            Ok(d) => d,
+        match sweep_once(&core).await {
+            Ok(0) => {
+                // Nothing due after all (a deadline moved): do not spin.
+                if !tick(&stop, Duration::from_millis(50)).await {
+                    return;
+                }
+            }
+            Ok(_) => {}
             Err(e) => {
                 tracing::error!(error = %e, "deadline sweep failed");
                 if !tick(&stop, Duration::from_secs(1)).await {
                     return;
                 }
-                continue;
             }
-        };
-        if due.is_empty() {
-            if !tick(&stop, Duration::from_millis(50)).await {
-                return;
-            }
-            continue;
-        }
-        let core2 = Arc::clone(&core);
-        let r = core
-            .db
-            .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, ()> {
-                Box::pin(async move {
-                    for id in due {
-                        let Some(a) = agents::get_tx(&mut ctx.conn, &id).await? else {
-                            continue;
-                        };
-                        let passed = a.deadline_at.is_some_and(|d| d <= ctx.now);
-                        if a.status.is_active() && passed {
-                            let secs = a
-                                .deadline_at
-                                .map(|d| (d - a.created_at) / 1000)
-                                .unwrap_or(0);
-                            lifecycle::settle_tx(
-                                ctx,
-                                &core2,
-                                &a,
-                                Outcome::timed_out(format!(
-                                    "deadline passed: the agent's time ({secs}s) ran out"
-                                )),
-                                true,
-                            )
-                            .await?;
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .await;
-        if let Err(e) = r {
-            tracing::error!(error = %e, "cannot time out agents past their deadline");
         }
     }
+}
+
+/// One sweep; returns how many agents and waits it settled.
+pub async fn sweep_once(core: &Arc<Core>) -> crate::db::DbResult<usize> {
+    let now = core.now_ms();
+    let due_agents = agents::past_deadline(core.db.reader(), now, 200).await?;
+    let due_waits = waits::expired(core.db.reader(), now, 200).await?;
+    if due_agents.is_empty() && due_waits.is_empty() {
+        return Ok(0);
+    }
+    let core2 = Arc::clone(core);
+    core.db
+        .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, usize> {
+            Box::pin(async move {
+                let mut n = 0;
+                for id in due_agents {
+                    let Some(a) = agents::get_tx(&mut ctx.conn, &id).await? else {
+                        continue;
+                    };
+                    let passed = a.deadline_at.is_some_and(|d| d <= ctx.now);
+                    if a.status.is_active() && passed {
+                        let secs = a
+                            .deadline_at
+                            .map(|d| (d - a.created_at) / 1000)
+                            .unwrap_or(0);
+                        lifecycle::settle_tx(
+                            ctx,
+                            &core2,
+                            &a,
+                            Outcome::timed_out(format!(
+                                "deadline passed: the agent's time ({secs}s) ran out"
+                            )),
+                            true,
+                        )
+                        .await?;
+                        n += 1;
+                    }
+                }
+                for id in due_waits {
+                    let Some(w) = waits::get_tx(&mut ctx.conn, id).await? else {
+                        continue;
+                    };
+                    if w.resolved_at.is_some() || w.deadline_at > ctx.now {
+                        continue;
+                    }
+                    let mut rows = Vec::new();
+                    for child in w.children() {
+                        if let Some(r) = agents::get_tx(&mut ctx.conn, &child).await? {
+                            rows.push(r);
+                        }
+                    }
+                    lifecycle::finish_wait(ctx, &core2, &w, &rows, true).await?;
+                    n += 1;
+                }
+                Ok(n)
+            })
+        })
+        .await
 }
 
 /// Deletes finished jobs and finished sub-agents older than the retention,

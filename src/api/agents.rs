@@ -14,7 +14,6 @@ use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::extract::{AuthUser, JsonBody};
-use super::refs::{describe_failure, resolve, Resolved};
 use super::views;
 use crate::core::{Core, User};
 use crate::creation::{self, NewAgentRequest};
@@ -22,6 +21,7 @@ use crate::db::agents::{self, AgentRow, ListFilter};
 use crate::db::messages;
 use crate::delivery::{self, Message};
 use crate::events::EventKind;
+use crate::handles::{describe_failure, resolve, Resolved};
 use crate::lifecycle;
 use crate::types::{AgentStatus, Origin};
 
@@ -33,6 +33,7 @@ pub fn routes() -> Router<Arc<Core>> {
         .route("/v1/agents/{r}/wait", get(wait))
         .route("/v1/agents/{r}/cancel", post(cancel))
         .route("/v1/agents/{r}/close", post(close))
+        .route("/v1/agents/{r}/tree", get(tree))
 }
 
 /// Resolves a `{ref}` for the caller, as an HTTP error when it does not
@@ -342,4 +343,39 @@ async fn close(
     let a = agent_for(&core, &user, &r).await?;
     let a = lifecycle::close(&core, &a.id).await?;
     Ok(Json(view(&core, &a).await?))
+}
+
+/// The agent and all its descendants, nested; each node also shows what its
+/// subtree spent.
+async fn tree(
+    State(core): State<Arc<Core>>,
+    AuthUser(user): AuthUser,
+    Path(r): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let root = agent_for(&core, &user, &r).await?;
+    let rows = agents::subtree(core.db.reader(), &root.id).await?;
+    let mut views: std::collections::HashMap<String, Value> = std::collections::HashMap::new();
+    // Deepest first, so children are complete before their parent takes them.
+    let mut ordered = rows.clone();
+    ordered.sort_by_key(|a| std::cmp::Reverse(a.level));
+    for a in &ordered {
+        let mut v = view(&core, a).await?;
+        let mut children: Vec<Value> = rows
+            .iter()
+            .filter(|c| c.parent_id.as_deref() == Some(a.id.as_str()))
+            .filter_map(|c| views.remove(&c.id))
+            .collect();
+        children.sort_by(|x, y| x["created_at"].as_str().cmp(&y["created_at"].as_str()));
+        let below: f64 = children
+            .iter()
+            .map(|c| c["usage"]["subtree_cost_usd"].as_f64().unwrap_or(0.0))
+            .sum();
+        v["usage"]["subtree_cost_usd"] = json!(a.cost_usd + below);
+        v["children"] = Value::Array(children);
+        views.insert(a.id.clone(), v);
+    }
+    views
+        .remove(&root.id)
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found("agent vanished while building its tree"))
 }

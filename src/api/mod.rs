@@ -2,10 +2,10 @@
 //! this module assembles them with the shared state.
 
 pub mod agents;
+pub mod approvals;
 pub mod error;
 pub mod extract;
 pub mod health;
-pub mod refs;
 pub mod views;
 
 use std::sync::Arc;
@@ -18,6 +18,7 @@ use crate::core::Core;
 pub fn router(core: Arc<Core>) -> Router {
     Router::new()
         .merge(agents::routes())
+        .merge(approvals::routes())
         .merge(health::routes())
         .fallback(|| async { error::ApiError::not_found("no such route") })
         .with_state(core)

@@ -113,6 +113,45 @@ pub enum Command {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Close an agent: it accepts no more messages.
+    Close {
+        agent: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Show an agent and all its sub-agents.
+    Tree {
+        agent: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// List pending tool approvals, or approve / deny one.
+    Approvals {
+        #[command(subcommand)]
+        action: Option<ApprovalAction>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ApprovalAction {
+    /// List pending approvals (the default).
+    Ls,
+    /// Let the tool call run.
+    Approve {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Refuse the tool call (the agent is told why).
+    Deny {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -163,6 +202,15 @@ pub async fn run_client(cmd: Command) -> i32 {
             remote,
         } => send(&remote, &agent, &message, interrupt).await,
         Command::Cancel { agent, remote } => cancel(&remote, &agent).await,
+        Command::Close { agent, remote } => close(&remote, &agent).await,
+        Command::Tree {
+            agent,
+            json,
+            remote,
+        } => tree(&remote, &agent, json).await,
+        Command::Approvals { action, remote } => {
+            approvals(&remote, action.unwrap_or(ApprovalAction::Ls)).await
+        }
         Command::Serve { .. }
         | Command::Migrate { .. }
         | Command::MockLlm { .. }
@@ -393,5 +441,72 @@ async fn cancel(r: &Remote, agent: &str) -> Result<i32, ClientError> {
         .post(&format!("/v1/agents/{agent}/cancel"), &json!({}))
         .await?;
     println!("{} {}", s(&v, "handle"), s(&v, "status"));
+    Ok(0)
+}
+
+async fn close(r: &Remote, agent: &str) -> Result<i32, ClientError> {
+    let v = client(r)
+        .post(&format!("/v1/agents/{agent}/close"), &json!({}))
+        .await?;
+    println!("{} closed", s(&v, "handle"));
+    Ok(0)
+}
+
+fn print_tree(node: &Value, depth: usize) {
+    println!(
+        "{}{} {} L{} {} ${:.4} — {}",
+        "  ".repeat(depth),
+        s(node, "handle"),
+        s(node, "status"),
+        node["level"],
+        s(node, "definition"),
+        node["usage"]["subtree_cost_usd"].as_f64().unwrap_or(0.0),
+        one_line(s(node, "task"), 60)
+    );
+    for c in node["children"].as_array().cloned().unwrap_or_default() {
+        print_tree(&c, depth + 1);
+    }
+}
+
+async fn tree(r: &Remote, agent: &str, json: bool) -> Result<i32, ClientError> {
+    let v = client(r).get(&format!("/v1/agents/{agent}/tree")).await?;
+    if json {
+        println!("{v:#}");
+    } else {
+        print_tree(&v, 0);
+    }
+    Ok(0)
+}
+
+async fn approvals(r: &Remote, action: ApprovalAction) -> Result<i32, ClientError> {
+    let c = client(r);
+    let (id, decision, reason) = match action {
+        ApprovalAction::Ls => {
+            let v = c.get("/v1/approvals").await?;
+            let list = v["approvals"].as_array().cloned().unwrap_or_default();
+            if list.is_empty() {
+                println!("no pending approvals");
+            }
+            for a in list {
+                println!(
+                    "{}  agent {}  {} {}",
+                    s(&a, "id"),
+                    &s(&a, "agent_id").chars().take(8).collect::<String>(),
+                    s(&a, "tool"),
+                    one_line(&a["arguments"].to_string(), 80)
+                );
+            }
+            return Ok(0);
+        }
+        ApprovalAction::Approve { id, reason } => (id, "approve", reason),
+        ApprovalAction::Deny { id, reason } => (id, "deny", reason),
+    };
+    let v = c
+        .post(
+            &format!("/v1/approvals/{id}"),
+            &json!({"decision": decision, "reason": reason}),
+        )
+        .await?;
+    println!("{} {}", s(&v, "id"), s(&v, "status"));
     Ok(0)
 }

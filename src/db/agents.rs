@@ -50,6 +50,7 @@ pub struct AgentRow {
     pub resume_count: i64,
     pub ancestors: String,
     pub active_children: i64,
+    pub dropped_tools: Option<String>,
 }
 
 /// The agent columns, as a literal usable in `concat!`.
@@ -59,7 +60,7 @@ macro_rules! agent_columns {
          task, status, result, error, stop_reason, created_at, started_at, finished_at, turns, \
          tokens_in, tokens_out, cost_usd, subtree_cost_usd, max_turns, max_cost_usd, timeout_s, \
          deadline_at, budgeted, auto_wake_budget, effective_tools, notify, closed, metadata, \
-         turn_calls, run_token, resume_msg_id, resume_count, ancestors, active_children"
+         turn_calls, run_token, resume_msg_id, resume_count, ancestors, active_children, dropped_tools"
     };
 }
 pub(crate) use agent_columns;
@@ -81,6 +82,19 @@ impl AgentRow {
             parent_id: self.parent_id.clone(),
             root_id: self.root_id.clone(),
         }
+    }
+
+    /// Requested tools that were not granted because the parent lacks them.
+    pub fn dropped(&self) -> Vec<String> {
+        self.dropped_tools
+            .as_deref()
+            .and_then(|d| serde_json::from_str(d).ok())
+            .unwrap_or_default()
+    }
+
+    /// Whether `other` is this agent's descendant.
+    pub fn is_ancestor_of(&self, other: &AgentRow) -> bool {
+        other.ancestors().iter().any(|a| a == &self.id)
     }
 
     /// Ancestor ids, parent first, root last.
@@ -120,6 +134,8 @@ pub struct NewAgent {
     pub notify: Option<String>,
     pub metadata: String,
     pub idempotency_key: Option<String>,
+    /// Requested tools the parent lacked.
+    pub dropped_tools: Vec<String>,
 }
 
 /// What else a new agent starts with.
@@ -162,6 +178,10 @@ pub fn create_script(a: &NewAgent, start: &Start<'_>, max_active: i64, now: i64)
         .arg(a.notify.clone())
         .arg(a.metadata.as_str())
         .arg(a.idempotency_key.clone())
+        .arg(
+            (!a.dropped_tools.is_empty())
+                .then(|| serde_json::to_string(&a.dropped_tools).unwrap_or_default()),
+        )
         .arg(a.user_name.as_str())
         .arg(max_active)
         // the counters
@@ -210,8 +230,8 @@ const CREATE: &str = concat!(
     "INSERT INTO agents (id, user_name, level, parent_id, root_id, ancestors, parent_call_id,
                          background, definition, role, task, status, created_at, max_turns,
                          max_cost_usd, timeout_s, deadline_at, budgeted, auto_wake_budget,
-                         effective_tools, notify, metadata, idempotency_key)
-     SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
+                         effective_tools, notify, metadata, idempotency_key, dropped_tools)
+     SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?
       WHERE COALESCE((SELECT active_agents FROM user_stats WHERE user_name = ?), 0) < ?;
      INSERT OR IGNORE INTO user_stats (user_name, active_agents) VALUES (?, 0);
      UPDATE user_stats SET active_agents = active_agents + 1

@@ -4,11 +4,13 @@
 //! table family holds that family's queries as named functions.
 
 pub mod agents;
+pub mod approvals;
 pub mod events;
 pub mod inbox;
 pub mod jobs;
 pub mod messages;
 pub mod steps;
+pub mod waits;
 pub mod writer;
 
 use std::path::Path;

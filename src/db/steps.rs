@@ -187,6 +187,9 @@ const SUSPEND: &str = "UPDATE agents SET status = 'waiting'
       WHERE id = ? AND run_token = ? AND status = 'running'
         AND (SELECT COUNT(*) FROM messages
               WHERE agent_id = ? AND role = 'tool'
+                AND tool_call_id IN (SELECT value FROM json_each(?)))
+          + (SELECT COUNT(*) FROM approvals
+              WHERE agent_id = ? AND status = 'approved'
                 AND tool_call_id IN (SELECT value FROM json_each(?))) < ?
      RETURNING id;
      UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
@@ -197,7 +200,8 @@ const SUSPEND: &str = "UPDATE agents SET status = 'waiting'
       WHERE EXISTS (SELECT 1 FROM agents WHERE id = ? AND run_token = ? AND status = 'waiting')";
 
 /// Suspends the run: `waiting`, job completed, `agent_waiting` journalled —
-/// unless every call in `pending` already has a result. True when suspended.
+/// unless every call in `pending` already has a result or an approval that
+/// came in meanwhile. True when suspended.
 pub async fn suspend(
     ctx: &mut WriteCtx,
     id: &str,
@@ -212,6 +216,8 @@ pub async fn suspend(
     let script = Stmt::new(SUSPEND)
         .arg(id)
         .arg(run_token)
+        .arg(id)
+        .arg(calls.clone())
         .arg(id)
         .arg(calls)
         .arg(pending.len() as i64)

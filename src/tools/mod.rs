@@ -3,6 +3,7 @@
 //! (definition ∩ parent ∩ allow \ deny, minus what the level forbids), and
 //! argument validation against each tool's JSON schema.
 
+pub mod agents;
 pub mod debug;
 pub mod schema;
 
@@ -197,6 +198,12 @@ pub struct Narrowing<'a> {
 /// The built-in tools this configuration enables.
 pub fn builtin_catalog(cfg: &crate::config::Config) -> Catalog {
     let mut c = Catalog::new();
+    c.register(Arc::new(agents::SpawnAgent));
+    c.register(Arc::new(agents::WaitForAgent));
+    c.register(Arc::new(agents::AgentStatusTool));
+    c.register(Arc::new(agents::AgentList));
+    c.register(Arc::new(agents::AgentCancel));
+    c.register(Arc::new(agents::CloseAgent));
     if cfg.tools.debug {
         c.register(Arc::new(debug::Echo));
         c.register(Arc::new(debug::Sleep));

@@ -438,6 +438,21 @@ async fn execute(
             call.name, spec.parameters
         ));
     }
+    if core.cfg.tools.needs_approval(&call.name) {
+        match crate::approvals::gate(core, agent, call).await {
+            Ok(crate::approvals::Gate::Run) => {}
+            Ok(crate::approvals::Gate::Wait) => return ToolOutput::Pending,
+            Ok(crate::approvals::Gate::Denied(reason)) => {
+                return ToolOutput::Err(format!("denied by user: {reason}"))
+            }
+            Err(e) => {
+                return ToolOutput::Err(format!(
+                    "cannot check the approval of `{}`: {e}",
+                    call.name
+                ))
+            }
+        }
+    }
     if core.signals.has_listeners() {
         core.signals.publish(agent.agent_ref().event(
             EventKind::ToolCall,

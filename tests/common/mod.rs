@@ -23,8 +23,26 @@ pub struct Env {
     pub mock: MockServer,
 }
 
+impl Drop for Env {
+    fn drop(&mut self) {
+        // `AGENTQ_TEST_KEEP=1` keeps the directory (database, logs) to inspect.
+        if std::env::var_os("AGENTQ_TEST_KEEP").is_some() {
+            eprintln!("kept test directory {}", self.dir.path().display());
+            let kept = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"));
+            let _ = kept.keep();
+        }
+    }
+}
+
 impl Env {
     pub async fn new() -> Self {
+        // `AGENTQ_TEST_LOG=debug cargo test …` shows the service's logs.
+        if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("AGENTQ_TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_test_writer()
+                .try_init();
+        }
         let dir = tempfile::tempdir().expect("temp dir");
         let agents = dir.path().join("agents");
         std::fs::create_dir_all(&agents).expect("agents dir");

@@ -240,3 +240,92 @@ async fn sigterm_finishes_the_running_step_and_releases_the_turn() {
         .any(|l| l["tool"] == "echo" && l["pid"].as_u64() == Some(second.pid() as u64)));
     second.kill();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_survive_a_kill_and_arrive_exactly_once() {
+    let env = Env::new().await;
+    let cfg = write_config(&env, "");
+    let sleeper = |name: &str, says: &str| {
+        scripted(
+            name,
+            json!([{"call": [{"name": "sleep", "args": {"ms": 1000}}]}, {"say": says}]),
+        )
+    };
+    let fg = sleeper("fg child", "F done");
+    let bg = sleeper("bg child", "B done");
+    let first = Binary::start(&cfg, &env.path("stderr.log"));
+    let parent = Harness::remote(&first.url)
+        .submit_task(&scripted(
+            "kill parent",
+            json!([
+                {"call": [
+                    {"name": "spawn_agent", "args": {"task": bg, "background": true}},
+                    {"name": "spawn_agent", "args": {"task": fg}}
+                ]},
+                {"say": "after the children"}
+            ]),
+        ))
+        .await;
+    let id = parent["id"].as_str().unwrap().to_string();
+    let pid = first.pid() as u64;
+    until("both children sleeping", || {
+        env.debug_log()
+            .iter()
+            .filter(|l| l["pid"].as_u64() == Some(pid) && l["tool"] == "sleep")
+            .count()
+            == 2
+    })
+    .await;
+    first.kill();
+
+    let second = Binary::start(&cfg, &env.path("stderr.log"));
+    let h = Harness::remote(&second.url);
+    // A child's completion is written with its settle, so once both children
+    // are done every completion exists; then the parent settles.
+    let (_, tree) = h.get(&format!("/v1/agents/{id}/tree")).await;
+    for c in tree["children"].as_array().unwrap() {
+        let c = h.wait(c["id"].as_str().unwrap()).await;
+        assert_eq!(c["status"], "done", "{c}");
+    }
+    let parent = h.wait(&id).await;
+    assert_eq!(parent["status"], "done", "{parent}");
+    let msgs = h.messages(&id).await;
+    let summary: Vec<(Value, Value)> = msgs
+        .iter()
+        .map(|m| (m["role"].clone(), m["content"].clone()))
+        .collect();
+    let fg_results: Vec<&Value> = msgs
+        .iter()
+        .filter(|m| {
+            m["role"] == "tool"
+                && m["content"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("[Sub-agent completed")
+        })
+        .collect();
+    assert_eq!(
+        fg_results.len(),
+        1,
+        "the foreground result arrived once: {summary:#?}"
+    );
+    assert!(fg_results[0]["content"]
+        .as_str()
+        .unwrap()
+        .ends_with("F done"));
+    let bg_messages: Vec<&Value> = msgs.iter().filter(|m| m["origin"] == "child").collect();
+    assert_eq!(
+        bg_messages.len(),
+        1,
+        "the background completion arrived once: {summary:#?}"
+    );
+    assert!(bg_messages[0]["content"]
+        .as_str()
+        .unwrap()
+        .ends_with("B done"));
+    assert!(
+        msgs.iter().any(|m| m["content"] == "after the children"),
+        "{summary:#?}"
+    );
+    second.kill();
+}

@@ -8,3 +8,4 @@ mod api;
 mod crash;
 mod loop_basics;
 mod model_faults;
+mod subagents;
