@@ -34,6 +34,7 @@ pub fn routes() -> Router<Arc<Core>> {
         .route("/v1/agents/{r}/cancel", post(cancel))
         .route("/v1/agents/{r}/close", post(close))
         .route("/v1/agents/{r}/tree", get(tree))
+        .route("/v1/agents/{r}/todos", get(todos))
 }
 
 /// Resolves a `{ref}` for the caller, as an HTTP error when it does not
@@ -378,4 +379,17 @@ async fn tree(
         .remove(&root.id)
         .map(Json)
         .ok_or_else(|| ApiError::not_found("agent vanished while building its tree"))
+}
+
+/// The agent's todo list with counts.
+async fn todos(
+    State(core): State<Arc<Core>>,
+    AuthUser(user): AuthUser,
+    Path(r): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let a = agent_for(&core, &user, &r).await?;
+    let list = crate::db::todos::list(core.db.reader(), &a.id).await?;
+    let mut v = crate::tools::todo::render(&list);
+    v["agent_id"] = json!(a.id);
+    Ok(Json(v))
 }

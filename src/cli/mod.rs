@@ -119,6 +119,14 @@ pub enum Command {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Show an agent's todo list.
+    Todo {
+        agent: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Show an agent and all its sub-agents.
     Tree {
         agent: String,
@@ -208,6 +216,11 @@ pub async fn run_client(cmd: Command) -> i32 {
             json,
             remote,
         } => tree(&remote, &agent, json).await,
+        Command::Todo {
+            agent,
+            json,
+            remote,
+        } => todo(&remote, &agent, json).await,
         Command::Approvals { action, remote } => {
             approvals(&remote, action.unwrap_or(ApprovalAction::Ls)).await
         }
@@ -508,5 +521,33 @@ async fn approvals(r: &Remote, action: ApprovalAction) -> Result<i32, ClientErro
         )
         .await?;
     println!("{} {}", s(&v, "id"), s(&v, "status"));
+    Ok(0)
+}
+
+async fn todo(r: &Remote, agent: &str, json: bool) -> Result<i32, ClientError> {
+    let v = client(r).get(&format!("/v1/agents/{agent}/todos")).await?;
+    if json {
+        println!("{v:#}");
+        return Ok(0);
+    }
+    let items = v["todos"].as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        println!("(empty todo list)");
+    }
+    for t in items {
+        let mark = match s(&t, "status") {
+            "completed" => "[x]",
+            "in_progress" => "[~]",
+            "cancelled" => "[-]",
+            _ => "[ ]",
+        };
+        println!(
+            "{mark} {:>4} {:<6} {}",
+            s(&t, "id"),
+            s(&t, "priority"),
+            s(&t, "content")
+        );
+    }
+    println!("{} completed, {} remaining", v["completed"], v["remaining"]);
     Ok(0)
 }

@@ -51,6 +51,7 @@ pub struct AgentRow {
     pub ancestors: String,
     pub active_children: i64,
     pub dropped_tools: Option<String>,
+    pub compact_upto: Option<i64>,
 }
 
 /// The agent columns, as a literal usable in `concat!`.
@@ -60,7 +61,7 @@ macro_rules! agent_columns {
          task, status, result, error, stop_reason, created_at, started_at, finished_at, turns, \
          tokens_in, tokens_out, cost_usd, subtree_cost_usd, max_turns, max_cost_usd, timeout_s, \
          deadline_at, budgeted, auto_wake_budget, effective_tools, notify, closed, metadata, \
-         turn_calls, run_token, resume_msg_id, resume_count, ancestors, active_children, dropped_tools"
+         turn_calls, run_token, resume_msg_id, resume_count, ancestors, active_children, dropped_tools, compact_upto"
     };
 }
 pub(crate) use agent_columns;
@@ -705,6 +706,24 @@ pub async fn wake(ctx: &mut WriteCtx, id: &str, budget: i64) -> DbResult<()> {
     .arg(id);
     run_stmts(ctx, &script).await?;
     Ok(())
+}
+
+/// Moves the compaction boundary of a running agent; false when stale.
+pub async fn set_compaction(
+    conn: &mut SqliteConnection,
+    id: &str,
+    run_token: i64,
+    upto: i64,
+) -> DbResult<bool> {
+    let r = sqlx::query(
+        "UPDATE agents SET compact_upto = ? WHERE id = ? AND run_token = ? AND status = 'running'",
+    )
+    .bind(upto)
+    .bind(id)
+    .bind(run_token)
+    .execute(conn)
+    .await?;
+    Ok(r.rows_affected() == 1)
 }
 
 /// Sets the auto-wake budget (a human message refills it).

@@ -10,6 +10,7 @@ pub mod inbox;
 pub mod jobs;
 pub mod messages;
 pub mod steps;
+pub mod todos;
 pub mod waits;
 pub mod writer;
 

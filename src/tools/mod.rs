@@ -5,7 +5,9 @@
 
 pub mod agents;
 pub mod debug;
+pub mod messaging;
 pub mod schema;
+pub mod todo;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -37,6 +39,8 @@ pub struct ToolCtx<'a> {
     /// The tool-call id: also the idempotency key of side effects.
     pub call_id: &'a str,
     pub cancel: &'a CancellationToken,
+    /// Tool calls since the agent last wrote its todo list.
+    pub todo_calls_since: usize,
 }
 
 /// One tool.
@@ -204,6 +208,10 @@ pub fn builtin_catalog(cfg: &crate::config::Config) -> Catalog {
     c.register(Arc::new(agents::AgentList));
     c.register(Arc::new(agents::AgentCancel));
     c.register(Arc::new(agents::CloseAgent));
+    c.register(Arc::new(messaging::SendToAgent));
+    c.register(Arc::new(messaging::ReadAgent));
+    c.register(Arc::new(todo::TodoWrite));
+    c.register(Arc::new(todo::TodoRead));
     if cfg.tools.debug {
         c.register(Arc::new(debug::Echo));
         c.register(Arc::new(debug::Sleep));

@@ -14,8 +14,10 @@ use crate::types::MsgRole;
 #[derive(Debug, Default)]
 pub struct Conversation {
     chat: Vec<ChatMessage>,
+    /// The stored message id of each entry of `chat`.
+    ids: Vec<i64>,
     open_calls: Vec<ToolCall>,
-    results: HashMap<String, ChatMessage>,
+    results: HashMap<String, (ChatMessage, i64)>,
     /// Content of the newest assistant message (the partial result of a turn
     /// that is stopped by a limit).
     pub last_assistant_text: Option<String>,
@@ -39,12 +41,15 @@ impl Conversation {
                 if self.open_calls.iter().any(|c| c.id == id) {
                     self.results.insert(
                         id.clone(),
-                        ChatMessage {
-                            role: MsgRole::Tool,
-                            content: row.content.clone(),
-                            tool_calls: Vec::new(),
-                            tool_call_id: Some(id),
-                        },
+                        (
+                            ChatMessage {
+                                role: MsgRole::Tool,
+                                content: row.content.clone(),
+                                tool_calls: Vec::new(),
+                                tool_call_id: Some(id),
+                            },
+                            row.id,
+                        ),
                     );
                     self.flush_if_complete();
                 } else {
@@ -66,6 +71,7 @@ impl Conversation {
                     self.open_calls = msg.tool_calls.clone();
                 }
                 self.chat.push(msg);
+                self.ids.push(row.id);
                 self.flush_if_complete();
             }
         }
@@ -75,8 +81,9 @@ impl Conversation {
     /// Appends a just-recorded answer without re-reading its stored form.
     pub fn push_answer(
         &mut self,
+        id: i64,
         content: &str,
-        calls: &[crate::model::types::ToolCall],
+        calls: &[ToolCall],
     ) -> Result<(), String> {
         if !self.open_calls.is_empty() {
             return Err("an answer follows tool calls without results".into());
@@ -89,6 +96,7 @@ impl Conversation {
             tool_calls: calls.to_vec(),
             tool_call_id: None,
         });
+        self.ids.push(id);
         Ok(())
     }
 
@@ -102,8 +110,9 @@ impl Conversation {
             return;
         }
         for c in std::mem::take(&mut self.open_calls) {
-            if let Some(r) = self.results.remove(&c.id) {
+            if let Some((r, id)) = self.results.remove(&c.id) {
                 self.chat.push(r);
+                self.ids.push(id);
             }
         }
         self.results.clear();
@@ -125,6 +134,11 @@ impl Conversation {
     /// The request history (valid only when nothing is pending).
     pub fn view(&self) -> &[ChatMessage] {
         &self.chat
+    }
+
+    /// The stored message id of each entry of `view()`.
+    pub fn ids(&self) -> &[i64] {
+        &self.ids
     }
 }
 

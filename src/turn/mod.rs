@@ -6,7 +6,9 @@
 //! Every step is recorded before the next starts, so a crash resumes at the
 //! first unrecorded step.
 
+pub mod compaction;
 pub mod conversation;
+pub mod hints;
 pub mod steps;
 
 use std::sync::atomic::Ordering;
@@ -29,7 +31,9 @@ use crate::model::ChainError;
 use crate::signals::TurnSignal;
 use crate::tools::{schema, ToolCtx, ToolOutput};
 use crate::types::StopReason;
+use compaction::{Compacted, ContextView};
 use conversation::{check_invariant, Conversation};
+use hints::TodoHints;
 use steps::{Finish, Start, Suspend};
 
 /// Why a turn run ended early.
@@ -132,6 +136,14 @@ async fn run(
     };
     let tool_names = agent.tools();
     let tools: Vec<ToolSpec> = core.catalog.specs(&tool_names);
+    let mut hints = TodoHints::load(core, agent_id, &tool_names, &rows).await?;
+    let mut view = ContextView::new(match agent.compact_upto {
+        Some(upto) => Some(Compacted {
+            upto,
+            note: steps::compaction_note(core, agent_id).await?,
+        }),
+        None => None,
+    });
     // Messages that arrived before this run are read at its first step
     // boundary (later ones raise the flag themselves).
     if inbox_waiting {
@@ -146,7 +158,16 @@ async fn run(
         }
         let pending = conv.pending();
         if !pending.is_empty() {
-            let waiting_on = run_tools(core, &agent, &tool_names, sig, &mut conv, &pending).await?;
+            let waiting_on = run_tools(
+                core,
+                &agent,
+                &tool_names,
+                sig,
+                &mut conv,
+                &mut hints,
+                &pending,
+            )
+            .await?;
             if let Some(outcome) = waiting_on.stopped {
                 steps::stop(core, &agent, job.id, outcome).await?;
                 return Ok(());
@@ -167,7 +188,9 @@ async fn run(
             steps::stop(core, &agent, job.id, outcome).await?;
             return Ok(());
         }
-        if let Err(e) = check_invariant(conv.view()) {
+        compact_if_needed(core, &agent, &conv, &mut view).await?;
+        let messages = view.messages(&conv);
+        if let Err(e) = check_invariant(messages) {
             let error = format!("history invariant violated before a model request: {e}");
             steps::stop(
                 core,
@@ -186,7 +209,7 @@ async fn run(
                 steps::stop(core, &agent, job.id, deadline_outcome(&agent, &conv)).await?;
                 return Ok(());
             }
-            r = core.models.complete(&agent.role, conv.view(), &tools, &sig.cancel) => r,
+            r = core.models.complete(&agent.role, messages, &tools, &sig.cancel) => r,
         };
         let answer = match answer {
             Ok(a) => a,
@@ -200,7 +223,7 @@ async fn run(
         };
         let message_id = steps::record_assistant(core, &agent, &answer).await?;
         agent.turn_calls += 1;
-        conv.push_answer(&answer.reply.content, &answer.reply.tool_calls)
+        conv.push_answer(message_id, &answer.reply.content, &answer.reply.tool_calls)
             .map_err(corrupt)?;
         if core.signals.has_listeners() {
             core.signals.publish(agent.agent_ref().event(
@@ -314,6 +337,30 @@ async fn check_limits(
     Ok(None)
 }
 
+/// Compacts the view when the request outgrows `compact_at` of the
+/// primary model's context window (and there is something old to stub).
+async fn compact_if_needed(
+    core: &Arc<Core>,
+    agent: &AgentRow,
+    conv: &Conversation,
+    view: &mut ContextView,
+) -> Result<(), Halt> {
+    let Some(model) = core.models.primary(&agent.role) else {
+        return Ok(());
+    };
+    let limit = model.context_window as f64 * model.compact_at;
+    if (view.estimated_tokens(conv) as f64) <= limit {
+        return Ok(());
+    }
+    let Some(upto) = view.plan(conv, model.keep_recent) else {
+        return Ok(());
+    };
+    let note = steps::record_compaction(core, agent, upto).await?;
+    tracing::info!(upto, "context compacted");
+    view.apply(Compacted { upto, note });
+    Ok(())
+}
+
 /// The result of running a batch of pending calls.
 struct ToolRun {
     /// Calls whose results arrive later (the agent suspends on them).
@@ -330,6 +377,7 @@ async fn run_tools(
     allowed: &[String],
     sig: &Arc<TurnSignal>,
     conv: &mut Conversation,
+    hints: &mut TodoHints,
     pending: &[ToolCall],
 ) -> Result<ToolRun, Halt> {
     let mut waiting = Vec::new();
@@ -342,9 +390,12 @@ async fn run_tools(
                 j += 1;
             }
         }
+        let since = hints.since();
         let mut running: FuturesUnordered<_> = pending[i..j]
             .iter()
-            .map(|call| async move { (call, execute(core, agent, allowed, sig, call).await) })
+            .map(
+                |call| async move { (call, execute(core, agent, allowed, sig, call, since).await) },
+            )
             .collect();
         loop {
             let next = tokio::select! {
@@ -357,7 +408,7 @@ async fn run_tools(
                 n = running.next() => n,
             };
             let Some((call, output)) = next else { break };
-            let (text, is_error) = match output {
+            let (mut text, is_error) = match output {
                 ToolOutput::Ok(t) => (t, false),
                 ToolOutput::Err(t) => (t, true),
                 ToolOutput::Pending => {
@@ -365,6 +416,7 @@ async fn run_tools(
                     continue;
                 }
             };
+            hints.decorate(&call.name, &mut text, is_error);
             if let Some(row) =
                 steps::record_tool_result(core, agent, &call.id, &call.name, text, is_error).await?
             {
@@ -395,6 +447,7 @@ async fn execute(
     allowed: &[String],
     sig: &Arc<TurnSignal>,
     call: &ToolCall,
+    todo_calls_since: usize,
 ) -> ToolOutput {
     if !allowed.iter().any(|t| t == &call.name) {
         let list = if allowed.is_empty() {
@@ -465,6 +518,7 @@ async fn execute(
         agent,
         call_id: &call.id,
         cancel: &sig.cancel,
+        todo_calls_since,
     };
     tool.call(&ctx, args).await
 }

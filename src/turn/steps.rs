@@ -453,3 +453,46 @@ pub async fn complete_job(core: &Arc<Core>, job_id: i64) -> DbResult<()> {
         .await?;
     Ok(())
 }
+
+/// Records a compaction up to message `upto`: the boundary on the agent
+/// row, the note (with the current todo list) in the `compacted` event.
+/// Returns the note.
+pub async fn record_compaction(core: &Arc<Core>, agent: &AgentRow, upto: i64) -> DbResult<String> {
+    let list = crate::db::todos::list(core.db.reader(), &agent.id).await?;
+    let todo = if list.is_empty() {
+        "(empty)".to_string()
+    } else {
+        crate::tools::todo::render(&list).to_string()
+    };
+    let note = format!(
+        "[Context compacted: older tool results above are shortened to stubs; the full results stay on \
+         record.]\nCurrent todo list: {todo}"
+    );
+    let a = agent.clone();
+    let n = note.clone();
+    core.db
+        .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, ()> {
+            Box::pin(async move {
+                if !agents::set_compaction(&mut ctx.conn, &a.id, a.run_token, upto).await? {
+                    return Err(stale(&a.id));
+                }
+                let ev = a.agent_ref().event(
+                    EventKind::Compacted,
+                    ctx.now,
+                    json!({"upto_message_id": upto, "note": n}),
+                );
+                crate::db::events::emit(ctx, ev).await
+            })
+        })
+        .await?;
+    Ok(note)
+}
+
+/// The note of the compaction in force (from its `compacted` event).
+pub async fn compaction_note(core: &Arc<Core>, agent_id: &str) -> DbResult<String> {
+    let evs = crate::db::events::for_agent(core.db.reader(), agent_id, Some("compacted")).await?;
+    Ok(evs
+        .last()
+        .and_then(|e| e.data_json()["note"].as_str().map(str::to_string))
+        .unwrap_or_default())
+}
