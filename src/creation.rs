@@ -27,6 +27,9 @@ pub struct SpawnLink {
     /// The spawn tool call: the child's idempotency key.
     pub call_id: String,
     pub background: bool,
+    /// The parent's run token: a child is only created while the parent
+    /// still runs under it (nothing spawns after a cancel).
+    pub parent_run_token: i64,
 }
 
 /// Everything a new agent is made from.
@@ -304,7 +307,13 @@ async fn create_child(core: &Arc<Core>, req: NewAgentRequest) -> Result<Created,
     core.db
         .write(
             move |ctx: &mut WriteCtx| -> WriteFuture<'_, Result<Created, CreateError>> {
-                Box::pin(async move { Ok(create_child_tx(ctx, &core2, req).await) })
+                Box::pin(async move {
+                    match create_child_tx(ctx, &core2, req).await {
+                        // A storage error rolls the whole write back.
+                        Err(CreateError::Db(e)) => Err(e),
+                        other => Ok(other),
+                    }
+                })
             },
         )
         .await?
@@ -328,6 +337,14 @@ async fn create_child_tx(
         });
     }
     let parent = agents::must_get_tx(&mut ctx.conn, &link.parent_id).await?;
+    if parent.status != crate::types::AgentStatus::Running
+        || parent.run_token != link.parent_run_token
+    {
+        return Err(CreateError::Limit(format!(
+            "Cannot spawn sub-agent: this agent is {} and no longer runs this turn",
+            parent.status
+        )));
+    }
     let cfg = &core.cfg.agents;
     if parent.level >= cfg.max_level {
         return Err(CreateError::Limit(format!(

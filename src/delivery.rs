@@ -75,7 +75,13 @@ pub async fn deliver(core: &Arc<Core>, m: Message) -> Result<Delivered, DeliverE
     core.db
         .write(
             move |ctx: &mut WriteCtx| -> WriteFuture<'_, Result<Delivered, DeliverError>> {
-                Box::pin(async move { Ok(deliver_tx(ctx, &core2, &m).await) })
+                Box::pin(async move {
+                    match deliver_tx(ctx, &core2, &m).await {
+                        // A storage error rolls the whole write back.
+                        Err(DeliverError::Db(e)) => Err(e),
+                        other => Ok(other),
+                    }
+                })
             },
         )
         .await?

@@ -346,7 +346,8 @@ pub async fn finish_wait(
 }
 
 /// The tool calls of the agent's newest assistant message that have no
-/// recorded result yet.
+/// recorded result yet and are not approved to run (an approved call is
+/// ready: the resumed turn runs it).
 pub async fn pending_calls_tx(ctx: &mut WriteCtx, agent_id: &str) -> DbResult<Vec<String>> {
     let Some(last) = messages::last_assistant(&mut ctx.conn, agent_id).await? else {
         return Ok(Vec::new());
@@ -356,10 +357,22 @@ pub async fn pending_calls_tx(ctx: &mut WriteCtx, agent_id: &str) -> DbResult<Ve
         return Ok(calls);
     }
     let done = messages::results_for_calls(&mut ctx.conn, agent_id, &calls).await?;
-    Ok(calls
-        .into_iter()
-        .filter(|c| !done.iter().any(|r| r.tool_call_id.as_deref() == Some(c)))
-        .collect())
+    let mut pending = Vec::new();
+    for c in calls {
+        if done
+            .iter()
+            .any(|r| r.tool_call_id.as_deref() == Some(c.as_str()))
+        {
+            continue;
+        }
+        let approved = crate::db::approvals::for_call(&mut ctx.conn, agent_id, &c)
+            .await?
+            .is_some_and(|a| a.status == "approved");
+        if !approved {
+            pending.push(c);
+        }
+    }
+    Ok(pending)
 }
 
 /// A waiting agent whose pending tool calls all have results goes back to
@@ -390,15 +403,14 @@ pub async fn cancel_tx(
     let mut cancelled = Vec::new();
     for r in &rows {
         let is_root = r.id == root_id;
-        if r.status.is_active() || (is_root && !r.status.is_final()) {
-            settle_tx(
-                ctx,
-                core,
-                r,
-                Outcome::cancelled(format!("cancelled by {by}")),
-                is_root,
-            )
-            .await?;
+        let outcome = Outcome::cancelled(format!("cancelled by {by}"));
+        if r.status.is_active() {
+            settle_tx(ctx, core, r, outcome, is_root).await?;
+            cancelled.push(r.id.clone());
+        } else if is_root && !r.status.is_final() {
+            // Already finished and reported: it only stops accepting work;
+            // its parent and webhook are not told a second time.
+            agents::settle(ctx, &r.id, &settlement(&outcome)).await?;
             cancelled.push(r.id.clone());
         }
     }

@@ -117,7 +117,7 @@ pub async fn run_job(core: &Arc<Core>, job: &ClaimedJob) {
         .unwrap_or(Value::Null)
         .to_string();
     let result = post(core, job, &url, body).await;
-    let owner = core.owner.clone();
+    let lease = job.lease(&core.owner);
     let id = job.id;
     let attempt = job.attempts.clamp(0, 16) as u32;
     let r = core
@@ -126,12 +126,12 @@ pub async fn run_job(core: &Arc<Core>, job: &ClaimedJob) {
             Box::pin(async move {
                 match result {
                     Ok(()) => {
-                        jobs::complete(&mut ctx.conn, ctx.now, id, &owner).await?;
+                        jobs::complete(&mut ctx.conn, ctx.now, &lease).await?;
                     }
                     Err(e) => {
                         let retry_at =
                             ctx.now + crate::model::backoff(500, attempt).as_millis() as i64;
-                        let fate = jobs::retry_or_fail(ctx, id, &owner, &e, retry_at).await?;
+                        let fate = jobs::retry_or_fail(ctx, &lease, &e, retry_at).await?;
                         tracing::warn!(job_id = id, error = %e, ?fate, "webhook delivery failed");
                     }
                 }

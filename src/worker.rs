@@ -112,7 +112,7 @@ async fn execute(core: Arc<Core>, job: ClaimedJob, permit: OwnedSemaphorePermit)
         JobKind::Turn => crate::turn::run_turn(&core, &job).await,
         JobKind::Notify => crate::notify::run_job(&core, &job).await,
         JobKind::Noop => {
-            if let Err(e) = crate::turn::steps::complete_job(&core, job.id).await {
+            if let Err(e) = crate::turn::steps::complete_job(&core, &job.lease(&core.owner)).await {
                 tracing::warn!(job_id = job.id, error = %e, "cannot complete a no-op job");
             }
         }

@@ -4,6 +4,7 @@
 use sqlx::sqlite::SqliteConnection;
 use sqlx::SqlitePool;
 
+use super::jobs::Lease;
 use super::writer::run_stmts;
 use super::{DbError, DbResult, Stmt, StmtOutput, WriteCtx};
 use crate::events::AgentRef;
@@ -461,8 +462,7 @@ pub async fn settle(ctx: &mut WriteCtx, id: &str, s: &Settlement<'_>) -> DbResul
 pub fn settle_running_script(
     id: &str,
     run_token: i64,
-    job_id: i64,
-    owner: &str,
+    lease: &Lease,
     require_empty_inbox: bool,
     s: &Settlement<'_>,
     now: i64,
@@ -477,7 +477,7 @@ pub fn settle_running_script(
         .arg(id)
         .arg(run_token)
         .arg(require_empty_inbox)
-        // the row
+        // the settle
         .arg(s.status.as_str())
         .arg(reason_name(s.reason))
         .arg(s.result)
@@ -486,27 +486,17 @@ pub fn settle_running_script(
         .arg(id)
         .arg(run_token)
         .arg(require_empty_inbox)
-        // the job
-        .arg(now)
-        .arg(job_id)
-        .arg(owner)
+        // the row
         .arg(id)
-        .arg(run_token)
-        .arg(s.status.as_str())
-        .arg(now)
         // the event
         .arg(id)
         .arg(s.event_data.as_str())
         .arg(now)
-        .arg(id)
-        .arg(run_token)
-        .arg(s.status.as_str())
+        // the job
         .arg(now)
-        // the row
-        .arg(id)
-        .arg(run_token)
-        .arg(s.status.as_str())
-        .arg(now)
+        .arg(lease.id)
+        .arg(lease.owner.as_str())
+        .arg(lease.attempts)
 }
 
 /// `settle_running_script` for a caller that needs no row back (its
@@ -514,50 +504,42 @@ pub fn settle_running_script(
 pub fn settle_running_lean(
     id: &str,
     run_token: i64,
-    job_id: i64,
-    owner: &str,
+    lease: &Lease,
     require_empty_inbox: bool,
     s: &Settlement<'_>,
     now: i64,
 ) -> Stmt {
-    let mut st = settle_running_script(id, run_token, job_id, owner, require_empty_inbox, s, now);
+    let mut st = settle_running_script(id, run_token, lease, require_empty_inbox, s, now);
     st.sql = SETTLE_RUNNING_LEAN;
     st
 }
 
+/// Where a settle script reports the settled row.
+const SETTLED_ROW_AT: usize = 3;
+
 /// Whether a `settle_running_lean` script settled the agent.
 pub fn settled_lean(out: &[StmtOutput]) -> bool {
-    out.last().is_some_and(|o| !o.rows.is_empty())
+    out.get(SETTLED_ROW_AT).is_some_and(|o| !o.rows.is_empty())
 }
 
 /// The row a settle script settled, if it did.
 pub fn settled_row(out: &[StmtOutput]) -> DbResult<Option<AgentRow>> {
-    match out.last().and_then(|o| o.rows.first()) {
+    match out.get(SETTLED_ROW_AT).and_then(|o| o.rows.first()) {
         Some(row) => Ok(Some(AgentRow::from_sqlite(row)?)),
         None => Ok(None),
     }
 }
 
 /// `settle_running_script` inside a write closure.
-#[allow(clippy::too_many_arguments)]
 pub async fn settle_running(
     ctx: &mut WriteCtx,
     id: &str,
     run_token: i64,
-    job_id: i64,
-    owner: &str,
+    lease: &Lease,
     require_empty_inbox: bool,
     s: &Settlement<'_>,
 ) -> DbResult<Option<AgentRow>> {
-    let script = settle_running_script(
-        id,
-        run_token,
-        job_id,
-        owner,
-        require_empty_inbox,
-        s,
-        ctx.now,
-    );
+    let script = settle_running_script(id, run_token, lease, require_empty_inbox, s, ctx.now);
     let out = run_stmts(ctx, &script).await?;
     settled_row(&out)
 }
@@ -620,7 +602,7 @@ macro_rules! running_guard {
 }
 
 /// The statements of a settle by the running turn, up to the final SELECT.
-macro_rules! settle_running_body {
+macro_rules! settle_running_head {
     () => {
         concat!(
             "UPDATE user_stats SET active_agents = active_agents - 1
@@ -633,27 +615,31 @@ macro_rules! settle_running_body {
                                finished_at = ?
               WHERE id = ? AND run_token = ? AND status = 'running'
                 AND (? = 0 OR NOT EXISTS (SELECT 1 FROM inbox WHERE inbox.agent_id = agents.id));
-             UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
-              WHERE id = ? AND state = 'running' AND lease_owner = ?
-                AND EXISTS (SELECT 1 FROM agents WHERE id = ? AND run_token = ? AND status = ? AND finished_at = ?);
-             INSERT INTO events (agent_id, kind, data, created_at)
-             SELECT ?, 'agent_finished', ?, ?
-              WHERE EXISTS (SELECT 1 FROM agents WHERE id = ? AND run_token = ? AND status = ? AND finished_at = ?);
              SELECT "
         )
     };
 }
 
+/// After the row: each statement runs only if the one before it changed a
+/// row, so the event and the job completion follow this settle and no
+/// other (a concurrent settle in the same batch changes nothing here).
+macro_rules! settle_running_tail {
+    () => {
+        " FROM agents WHERE id = ? AND changes() = 1;
+         INSERT INTO events (agent_id, kind, data, created_at)
+         SELECT ?, 'agent_finished', ?, ? WHERE changes() = 1;
+         UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
+          WHERE id = ? AND state = 'running' AND lease_owner = ? AND attempts = ? AND changes() = 1"
+    };
+}
+
 const SETTLE_RUNNING: &str = concat!(
-    settle_running_body!(),
+    settle_running_head!(),
     agent_columns!(),
-    " FROM agents WHERE id = ? AND run_token = ? AND status = ? AND finished_at = ?"
+    settle_running_tail!()
 );
 
-const SETTLE_RUNNING_LEAN: &str = concat!(
-    settle_running_body!(),
-    "id FROM agents WHERE id = ? AND run_token = ? AND status = ? AND finished_at = ?"
-);
+const SETTLE_RUNNING_LEAN: &str = concat!(settle_running_head!(), "id", settle_running_tail!());
 
 /// Sets a plain status (queued, waiting) without touching results.
 pub async fn set_status(

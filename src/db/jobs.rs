@@ -47,6 +47,27 @@ pub struct ClaimedJob {
     pub max_attempts: i64,
 }
 
+impl ClaimedJob {
+    /// The lease this claim holds.
+    pub fn lease(&self, owner: &str) -> Lease {
+        Lease {
+            id: self.id,
+            owner: owner.to_string(),
+            attempts: self.attempts,
+        }
+    }
+}
+
+/// One claim of a job: updates are fenced by owner and claim generation
+/// (`attempts`), so a run whose lease expired cannot touch the job's next
+/// claim, even in the same process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub id: i64,
+    pub owner: String,
+    pub attempts: i64,
+}
+
 /// Inserts one job; `None` when its dedupe key (or the one-live-turn rule)
 /// already holds a job.
 pub async fn insert(ctx: &mut WriteCtx, job: &NewJob) -> DbResult<Option<i64>> {
@@ -116,14 +137,15 @@ pub fn heartbeat_stmt(now: i64, owner: &str, lease_ms: i64) -> Stmt {
 }
 
 /// Completes one held job.
-pub fn complete_stmt(now: i64, id: i64, owner: &str) -> Stmt {
+pub fn complete_stmt(now: i64, lease: &Lease) -> Stmt {
     Stmt::new(
         "UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
-          WHERE id = ? AND state = 'running' AND lease_owner = ?",
+          WHERE id = ? AND state = 'running' AND lease_owner = ? AND attempts = ?",
     )
     .arg(now)
-    .arg(id)
-    .arg(owner)
+    .arg(lease.id)
+    .arg(lease.owner.as_str())
+    .arg(lease.attempts)
 }
 
 /// One job as a row of the enqueue fast path (merged with concurrent
@@ -158,19 +180,15 @@ pub fn complete_many_stmt(now: i64, ids: &[i64], owner: &str) -> Stmt {
 }
 
 /// Marks a held job completed. False when the lease was lost meanwhile.
-pub async fn complete(
-    conn: &mut SqliteConnection,
-    now: i64,
-    id: i64,
-    owner: &str,
-) -> DbResult<bool> {
+pub async fn complete(conn: &mut SqliteConnection, now: i64, lease: &Lease) -> DbResult<bool> {
     let r = sqlx::query(
         "UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
-          WHERE id = ? AND state = 'running' AND lease_owner = ?",
+          WHERE id = ? AND state = 'running' AND lease_owner = ? AND attempts = ?",
     )
     .bind(now)
-    .bind(id)
-    .bind(owner)
+    .bind(lease.id)
+    .bind(&lease.owner)
+    .bind(lease.attempts)
     .execute(conn)
     .await?;
     Ok(r.rows_affected() == 1)
@@ -190,8 +208,7 @@ pub enum JobFate {
 /// Retries the job at `retry_at` if attempts remain, else fails it.
 pub async fn retry_or_fail(
     ctx: &mut WriteCtx,
-    id: i64,
-    owner: &str,
+    lease: &Lease,
     error: &str,
     retry_at: i64,
 ) -> DbResult<JobFate> {
@@ -200,14 +217,15 @@ pub async fn retry_or_fail(
             SET state = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
                 run_at = ?, last_error = ?, lease_owner = NULL, lease_expires_at = NULL,
                 finished_at = CASE WHEN attempts >= max_attempts THEN ? ELSE NULL END
-          WHERE id = ? AND state = 'running' AND lease_owner = ?
+          WHERE id = ? AND state = 'running' AND lease_owner = ? AND attempts = ?
          RETURNING state",
     )
     .bind(retry_at)
     .bind(error)
     .bind(ctx.now)
-    .bind(id)
-    .bind(owner)
+    .bind(lease.id)
+    .bind(&lease.owner)
+    .bind(lease.attempts)
     .fetch_optional(&mut ctx.conn)
     .await?;
     Ok(match row {
@@ -226,19 +244,19 @@ pub async fn retry_or_fail(
 pub async fn fail(
     conn: &mut SqliteConnection,
     now: i64,
-    id: i64,
-    owner: &str,
+    lease: &Lease,
     error: &str,
 ) -> DbResult<bool> {
     let r = sqlx::query(
         "UPDATE jobs SET state = 'failed', last_error = ?, finished_at = ?, lease_owner = NULL,
                          lease_expires_at = NULL
-          WHERE id = ? AND state = 'running' AND lease_owner = ?",
+          WHERE id = ? AND state = 'running' AND lease_owner = ? AND attempts = ?",
     )
     .bind(error)
     .bind(now)
-    .bind(id)
-    .bind(owner)
+    .bind(lease.id)
+    .bind(&lease.owner)
+    .bind(lease.attempts)
     .execute(conn)
     .await?;
     Ok(r.rows_affected() == 1)
@@ -246,14 +264,15 @@ pub async fn fail(
 
 /// Gives a held job back to the queue untouched (graceful shutdown); the
 /// attempt it cost is returned too.
-pub async fn release(conn: &mut SqliteConnection, id: i64, owner: &str) -> DbResult<bool> {
+pub async fn release(conn: &mut SqliteConnection, lease: &Lease) -> DbResult<bool> {
     let r = sqlx::query(
         "UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_expires_at = NULL,
                          attempts = MAX(attempts - 1, 0)
-          WHERE id = ? AND state = 'running' AND lease_owner = ?",
+          WHERE id = ? AND state = 'running' AND lease_owner = ? AND attempts = ?",
     )
-    .bind(id)
-    .bind(owner)
+    .bind(lease.id)
+    .bind(&lease.owner)
+    .bind(lease.attempts)
     .execute(conn)
     .await?;
     Ok(r.rows_affected() == 1)

@@ -5,6 +5,7 @@
 use sqlx::Row;
 
 use super::agents::{agent_columns, AgentRow};
+use super::jobs::Lease;
 use super::messages::{message_columns, MessageRow};
 use super::writer::run_stmts;
 use super::{DbResult, RowKind, RowReq, Stmt, StmtOutput, WriteCtx};
@@ -193,37 +194,41 @@ const SUSPEND: &str = "UPDATE agents SET status = 'waiting'
                 AND tool_call_id IN (SELECT value FROM json_each(?))) < ?
      RETURNING id;
      UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
-      WHERE id = ? AND state = 'running' AND lease_owner = ?
+      WHERE id = ? AND state = 'running' AND lease_owner = ? AND attempts = ?
         AND EXISTS (SELECT 1 FROM agents WHERE id = ? AND run_token = ? AND status = 'waiting');
      INSERT INTO events (agent_id, kind, data, created_at)
      SELECT ?, 'agent_waiting', ?, ?
       WHERE EXISTS (SELECT 1 FROM agents WHERE id = ? AND run_token = ? AND status = 'waiting')";
 
 /// Suspends the run: `waiting`, job completed, `agent_waiting` journalled —
-/// unless every call in `pending` already has a result or an approval that
-/// came in meanwhile. True when suspended.
+/// unless every call in `pending` already has a result, or (for the calls
+/// in `gated`, which wait on a human) an approval that came in meanwhile.
+/// True when suspended.
+#[allow(clippy::too_many_arguments)]
 pub async fn suspend(
     ctx: &mut WriteCtx,
     id: &str,
     run_token: i64,
-    job_id: i64,
-    owner: &str,
+    lease: &Lease,
     pending: &[String],
+    gated: &[String],
     event_data: &str,
 ) -> DbResult<bool> {
     let now = ctx.now;
     let calls = serde_json::to_string(pending).unwrap_or_else(|_| "[]".into());
+    let gated = serde_json::to_string(gated).unwrap_or_else(|_| "[]".into());
     let script = Stmt::new(SUSPEND)
         .arg(id)
         .arg(run_token)
         .arg(id)
-        .arg(calls.clone())
-        .arg(id)
         .arg(calls)
+        .arg(id)
+        .arg(gated)
         .arg(pending.len() as i64)
         .arg(now)
-        .arg(job_id)
-        .arg(owner)
+        .arg(lease.id)
+        .arg(lease.owner.as_str())
+        .arg(lease.attempts)
         .arg(id)
         .arg(run_token)
         .arg(id)

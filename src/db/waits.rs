@@ -92,6 +92,22 @@ pub async fn resolve(conn: &mut SqliteConnection, now: i64, id: i64) -> DbResult
     Ok(())
 }
 
+/// Resolves the open wait of one tool call, if any.
+pub async fn resolve_call(
+    conn: &mut SqliteConnection,
+    now: i64,
+    agent_id: &str,
+    call_id: &str,
+) -> DbResult<()> {
+    sqlx::query("UPDATE waits SET resolved_at = ? WHERE agent_id = ? AND tool_call_id = ? AND resolved_at IS NULL")
+        .bind(now)
+        .bind(agent_id)
+        .bind(call_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// One wait by id, inside a write.
 pub async fn get_tx(conn: &mut SqliteConnection, id: i64) -> DbResult<Option<WaitRow>> {
     Ok(

@@ -864,10 +864,10 @@ async fn run_batch(
     None
 }
 
-/// Rolls back what a failed batch began.
-async fn abort(ctx: &mut WriteCtx, began: bool, e: DbError) -> DbError {
-    if began {
-        let _ = exec_raw(&mut ctx.conn, "ROLLBACK").await;
-    }
+/// Rolls back whatever a failed batch began. Always tried: a command that
+/// failed after its folded BEGIN leaves a transaction open, and an open
+/// transaction would fail every later batch ("no transaction" is harmless).
+async fn abort(ctx: &mut WriteCtx, _began: bool, e: DbError) -> DbError {
+    let _ = exec_raw(&mut ctx.conn, "ROLLBACK").await;
     e
 }

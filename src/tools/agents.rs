@@ -168,6 +168,7 @@ impl Tool for SpawnAgent {
             parent_id: ctx.agent.id.clone(),
             call_id: ctx.call_id.to_string(),
             background: a.background,
+            parent_run_token: ctx.agent.run_token,
         });
         match creation::create(core, req).await {
             Ok(c) if a.background => {

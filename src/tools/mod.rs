@@ -28,8 +28,11 @@ pub enum ToolOutput {
     /// An error for the model to act on; the loop goes on.
     Err(String),
     /// The result is written later by whatever the call waits on (a
-    /// foreground child, a wait, an approval); the agent suspends.
+    /// foreground child, a wait); the agent suspends.
     Pending,
+    /// The call waits for a human's approval before it runs; the agent
+    /// suspends and the resumed turn runs the call once approved.
+    AwaitingApproval,
 }
 
 /// Everything a tool call may use.

@@ -42,8 +42,10 @@ enum Halt {
     /// The agent no longer runs under this turn (cancelled, settled
     /// elsewhere, or taken over): nothing more may be recorded.
     Stale,
-    /// Shutdown: the turn goes back to the queue.
+    /// Shutdown: the turn went back to the queue.
     Release,
+    /// Shutdown in the middle of a step: the turn must go back to the queue.
+    Stop,
     /// An unexpected storage error: the job is retried.
     Db(DbError),
 }
@@ -61,7 +63,7 @@ impl From<DbError> for Halt {
 pub async fn run_turn(core: &Arc<Core>, job: &ClaimedJob) {
     let Some(agent_id) = job.agent_id.clone() else {
         tracing::error!(job_id = job.id, "turn job without an agent");
-        let _ = steps::complete_job(core, job.id).await;
+        let _ = steps::complete_job(core, &job.lease(&core.owner)).await;
         return;
     };
     let span = tracing::info_span!("turn", agent_id = %agent_id, job_id = job.id, level = tracing::field::Empty);
@@ -75,11 +77,11 @@ pub async fn run_turn(core: &Arc<Core>, job: &ClaimedJob) {
             Ok(()) => {}
             Err(Halt::Stale) => {
                 tracing::debug!("turn stopped: the agent no longer runs under it");
-                if let Err(e) = steps::complete_job(core, job.id).await {
+                if let Err(e) = steps::complete_job(core, &job.lease(&core.owner)).await {
                     tracing::warn!(error = %e, "cannot complete the job of a stopped turn");
                 }
             }
-            Err(Halt::Release) => {}
+            Err(Halt::Release) | Err(Halt::Stop) => {}
             Err(Halt::Db(e)) => {
                 tracing::error!(error = %e, "turn failed on a storage error; retrying the job");
                 if let Err(e2) =
@@ -112,6 +114,7 @@ async fn run(
             Start::Skip => return Ok(()),
         };
     *token = Some(agent.run_token);
+    let lease = job.lease(&core.owner);
     tracing::Span::current().record("level", agent.level);
     if resumed {
         tracing::info!("resuming the turn after a crash");
@@ -127,7 +130,7 @@ async fn run(
             steps::stop(
                 core,
                 &agent,
-                job.id,
+                &lease,
                 Outcome::failed(StopReason::Error, error),
             )
             .await?;
@@ -169,11 +172,12 @@ async fn run(
             )
             .await?;
             if let Some(outcome) = waiting_on.stopped {
-                steps::stop(core, &agent, job.id, outcome).await?;
+                steps::stop(core, &agent, &lease, outcome).await?;
                 return Ok(());
             }
             if !waiting_on.ids.is_empty() {
-                match steps::suspend(core, &agent, job.id, waiting_on.ids).await? {
+                match steps::suspend(core, &agent, &lease, waiting_on.ids, waiting_on.gated).await?
+                {
                     Suspend::Suspended => return Ok(()),
                     Suspend::Continue(rows) => push_all(&mut conv, &rows)?,
                 }
@@ -185,7 +189,7 @@ async fn run(
             push_all(&mut conv, &rows)?;
         }
         if let Some(outcome) = check_limits(core, &agent, &conv).await? {
-            steps::stop(core, &agent, job.id, outcome).await?;
+            steps::stop(core, &agent, &lease, outcome).await?;
             return Ok(());
         }
         compact_if_needed(core, &agent, &conv, &mut view).await?;
@@ -195,7 +199,7 @@ async fn run(
             steps::stop(
                 core,
                 &agent,
-                job.id,
+                &lease,
                 Outcome::failed(StopReason::Error, error),
             )
             .await?;
@@ -206,7 +210,7 @@ async fn run(
             _ = core.stop.hard.cancelled() => return release(core, &agent, job).await,
             _ = sig.interrupt.notified() => continue,
             _ = sleep_until_ms(core, agent.deadline_at) => {
-                steps::stop(core, &agent, job.id, deadline_outcome(&agent, &conv)).await?;
+                steps::stop(core, &agent, &lease, deadline_outcome(&agent, &conv)).await?;
                 return Ok(());
             }
             r = core.models.complete(&agent.role, messages, &tools, &sig.cancel) => r,
@@ -217,7 +221,7 @@ async fn run(
             Err(e) => {
                 let mut o = Outcome::failed(StopReason::Error, e.to_string());
                 o.result = partial(&conv);
-                steps::stop(core, &agent, job.id, o).await?;
+                steps::stop(core, &agent, &lease, o).await?;
                 return Ok(());
             }
         };
@@ -234,7 +238,7 @@ async fn run(
             ));
         }
         if answer.reply.tool_calls.is_empty() {
-            match steps::finish(core, &agent, job.id, answer.reply.content).await? {
+            match steps::finish(core, &agent, &lease, answer.reply.content).await? {
                 Finish::Settled => return Ok(()),
                 Finish::NextTurn(rows) => {
                     agent.turn_calls = 0;
@@ -257,7 +261,7 @@ fn push_all(conv: &mut Conversation, rows: &[messages::MessageRow]) -> Result<()
 }
 
 async fn release(core: &Arc<Core>, agent: &AgentRow, job: &ClaimedJob) -> Result<(), Halt> {
-    steps::release(core, agent, job.id).await?;
+    steps::release(core, agent, &job.lease(&core.owner)).await?;
     tracing::info!("turn released for shutdown");
     Err(Halt::Release)
 }
@@ -365,6 +369,8 @@ async fn compact_if_needed(
 struct ToolRun {
     /// Calls whose results arrive later (the agent suspends on them).
     ids: Vec<String>,
+    /// Those of them that wait on a human's approval.
+    gated: Vec<String>,
     /// The run was stopped by the deadline.
     stopped: Option<Outcome>,
 }
@@ -381,6 +387,7 @@ async fn run_tools(
     pending: &[ToolCall],
 ) -> Result<ToolRun, Halt> {
     let mut waiting = Vec::new();
+    let mut gated = Vec::new();
     let mut i = 0;
     let parallel = |c: &ToolCall| core.catalog.get(&c.name).is_none_or(|t| t.parallel());
     while i < pending.len() {
@@ -400,10 +407,10 @@ async fn run_tools(
         loop {
             let next = tokio::select! {
                 biased;
-                _ = core.stop.hard.cancelled() => return Err(Halt::Release),
+                _ = core.stop.hard.cancelled() => return Err(Halt::Stop),
                 _ = sig.cancel.cancelled() => return Err(Halt::Stale),
                 _ = sleep_until_ms(core, agent.deadline_at) => {
-                    return Ok(ToolRun { ids: waiting, stopped: Some(deadline_outcome(agent, conv)) });
+                    return Ok(ToolRun { ids: waiting, gated, stopped: Some(deadline_outcome(agent, conv)) });
                 }
                 n = running.next() => n,
             };
@@ -413,6 +420,11 @@ async fn run_tools(
                 ToolOutput::Err(t) => (t, true),
                 ToolOutput::Pending => {
                     waiting.push(call.id.clone());
+                    continue;
+                }
+                ToolOutput::AwaitingApproval => {
+                    waiting.push(call.id.clone());
+                    gated.push(call.id.clone());
                     continue;
                 }
             };
@@ -435,6 +447,7 @@ async fn run_tools(
     }
     Ok(ToolRun {
         ids: waiting,
+        gated,
         stopped: None,
     })
 }
@@ -494,7 +507,7 @@ async fn execute(
     if core.cfg.tools.needs_approval(&call.name) {
         match crate::approvals::gate(core, agent, call).await {
             Ok(crate::approvals::Gate::Run) => {}
-            Ok(crate::approvals::Gate::Wait) => return ToolOutput::Pending,
+            Ok(crate::approvals::Gate::Wait) => return ToolOutput::AwaitingApproval,
             Ok(crate::approvals::Gate::Denied(reason)) => {
                 return ToolOutput::Err(format!("denied by user: {reason}"))
             }

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::core::Core;
 use crate::db::agents::{self, AgentRow};
-use crate::db::jobs::{self, ClaimedJob};
+use crate::db::jobs::{self, ClaimedJob, Lease};
 use crate::db::messages::MessageRow;
 use crate::db::{steps as sql, DbError, DbResult, WriteCtx, WriteFuture};
 use crate::events::EventKind;
@@ -46,12 +46,12 @@ pub async fn start(core: &Arc<Core>, agent_id: &str, job: &ClaimedJob) -> DbResu
     let out = core.db.exec(sql::start(agent_id, now)).await?;
     let Some(started) = sql::started(&out)? else {
         // Settled, waiting or gone: the turn this job was for is over.
-        complete_job(core, job.id).await?;
+        complete_job(core, &job.lease(&core.owner)).await?;
         return Ok(Start::Skip);
     };
     let a = started.agent;
     if a.resume_count >= core.cfg.workers.max_resumes {
-        quarantine(core, a, job.id).await?;
+        quarantine(core, a, job.lease(&core.owner)).await?;
         return Ok(Start::Skip);
     }
     let resumed = a.resume_count > 0;
@@ -69,12 +69,12 @@ pub async fn start(core: &Arc<Core>, agent_id: &str, job: &ClaimedJob) -> DbResu
 }
 
 /// Fails an agent whose turn keeps crashing the process at the same step.
-async fn quarantine(core: &Arc<Core>, a: AgentRow, job_id: i64) -> DbResult<()> {
+async fn quarantine(core: &Arc<Core>, a: AgentRow, lease: Lease) -> DbResult<()> {
     let core2 = Arc::clone(core);
     core.db
         .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, ()> {
             Box::pin(async move {
-                jobs::fail(&mut ctx.conn, ctx.now, job_id, &core2.owner, "quarantined").await?;
+                jobs::fail(&mut ctx.conn, ctx.now, &lease, "quarantined").await?;
                 let error = format!(
                     "quarantined: the turn crashed {} times in a row at the same step \
                      (after message {}); it is not resumed again ([workers] max_resumes = {})",
@@ -210,26 +210,17 @@ pub enum Suspend {
 pub async fn suspend(
     core: &Arc<Core>,
     agent: &AgentRow,
-    job_id: i64,
+    lease: &Lease,
     pending: Vec<String>,
+    gated: Vec<String>,
 ) -> DbResult<Suspend> {
-    let core2 = Arc::clone(core);
     let a = agent.clone();
+    let lease = lease.clone();
     core.db
         .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, Suspend> {
             Box::pin(async move {
                 let data = json!({"waiting_on": pending}).to_string();
-                if sql::suspend(
-                    ctx,
-                    &a.id,
-                    a.run_token,
-                    job_id,
-                    &core2.owner,
-                    &pending,
-                    &data,
-                )
-                .await?
-                {
+                if sql::suspend(ctx, &a.id, a.run_token, &lease, &pending, &gated, &data).await? {
                     ctx.effects.events.push(a.agent_ref().event(
                         EventKind::AgentWaiting,
                         ctx.now,
@@ -265,22 +256,15 @@ pub enum Finish {
 pub async fn finish(
     core: &Arc<Core>,
     agent: &AgentRow,
-    job_id: i64,
+    lease: &Lease,
     result: String,
 ) -> DbResult<Finish> {
     if agent.parent_id.is_none() && !crate::notify::has_target(core, agent) {
         let outcome = Outcome::done(result);
         let settlement = lifecycle::settlement(&outcome);
         let now = core.now_ms();
-        let script = agents::settle_running_lean(
-            &agent.id,
-            agent.run_token,
-            job_id,
-            &core.owner,
-            true,
-            &settlement,
-            now,
-        );
+        let script =
+            agents::settle_running_lean(&agent.id, agent.run_token, lease, true, &settlement, now);
         let out = core.db.exec(script).await?;
         if agents::settled_lean(&out) {
             if core.signals.has_listeners() {
@@ -295,21 +279,14 @@ pub async fn finish(
     let core2 = Arc::clone(core);
     let id = agent.id.clone();
     let token = agent.run_token;
+    let lease = lease.clone();
     core.db
         .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, Finish> {
             Box::pin(async move {
                 let outcome = Outcome::done(result);
                 let settlement = lifecycle::settlement(&outcome);
-                let settled = agents::settle_running(
-                    ctx,
-                    &id,
-                    token,
-                    job_id,
-                    &core2.owner,
-                    true,
-                    &settlement,
-                )
-                .await?;
+                let settled =
+                    agents::settle_running(ctx, &id, token, &lease, true, &settlement).await?;
                 if let Some(row) = settled {
                     lifecycle::after_settle_tx(ctx, &core2, &row, true).await?;
                     return Ok(Finish::Settled);
@@ -352,28 +329,30 @@ async fn next_turn_tx(ctx: &mut WriteCtx, id: &str, token: i64, result: &str) ->
 pub async fn stop(
     core: &Arc<Core>,
     agent: &AgentRow,
-    job_id: i64,
+    lease: &Lease,
     outcome: Outcome,
 ) -> DbResult<()> {
     let core2 = Arc::clone(core);
     let id = agent.id.clone();
     let token = agent.run_token;
+    let lease = lease.clone();
     core.db
         .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, ()> {
             Box::pin(async move {
                 let settlement = lifecycle::settlement(&outcome);
-                match agents::settle_running(
-                    ctx,
-                    &id,
-                    token,
-                    job_id,
-                    &core2.owner,
-                    false,
-                    &settlement,
-                )
-                .await?
-                {
-                    Some(row) => lifecycle::after_settle_tx(ctx, &core2, &row, true).await,
+                match agents::settle_running(ctx, &id, token, &lease, false, &settlement).await? {
+                    Some(row) => {
+                        lifecycle::after_settle_tx(ctx, &core2, &row, true).await?;
+                        // Messages that arrived during the failed turn start
+                        // the next one, as after any turn (§6).
+                        if row.status == AgentStatus::Failed
+                            && crate::db::inbox::count(&mut ctx.conn, &id).await? > 0
+                        {
+                            agents::wake(ctx, &id, row.auto_wake_budget).await?;
+                            jobs::enqueue_turn(ctx, &id, core2.cfg.workers.max_attempts).await?;
+                        }
+                        Ok(())
+                    }
                     None => Err(stale(&id)),
                 }
             })
@@ -383,14 +362,14 @@ pub async fn stop(
 
 /// Gives the turn back to the queue untouched (graceful shutdown): the
 /// agent is `queued` again, so the next start is not counted as a crash.
-pub async fn release(core: &Arc<Core>, agent: &AgentRow, job_id: i64) -> DbResult<()> {
-    let core2 = Arc::clone(core);
+pub async fn release(core: &Arc<Core>, agent: &AgentRow, lease: &Lease) -> DbResult<()> {
     let id = agent.id.clone();
     let token = agent.run_token;
+    let lease = lease.clone();
     core.db
         .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, ()> {
             Box::pin(async move {
-                if jobs::release(&mut ctx.conn, job_id, &core2.owner).await?
+                if jobs::release(&mut ctx.conn, &lease).await?
                     && agents::holds_run(&mut ctx.conn, &id, token).await?
                 {
                     agents::set_status(&mut ctx.conn, &id, AgentStatus::Queued).await?;
@@ -412,13 +391,13 @@ pub async fn retry_later(
 ) -> DbResult<()> {
     let core2 = Arc::clone(core);
     let id = agent_id.to_string();
-    let job_id = job.id;
+    let lease = job.lease(&core.owner);
     let attempt = job.attempts.clamp(0, 16) as u32;
     core.db
         .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, ()> {
             Box::pin(async move {
                 let retry_at = ctx.now + crate::model::backoff(500, attempt).as_millis() as i64;
-                let fate = jobs::retry_or_fail(ctx, job_id, &core2.owner, &error, retry_at).await?;
+                let fate = jobs::retry_or_fail(ctx, &lease, &error, retry_at).await?;
                 let holds = match run_token {
                     Some(t) => agents::holds_run(&mut ctx.conn, &id, t).await?,
                     None => false,
@@ -447,9 +426,9 @@ pub async fn retry_later(
 
 /// Completes the job when the turn ended without a step write (the agent
 /// was cancelled or settled by someone else).
-pub async fn complete_job(core: &Arc<Core>, job_id: i64) -> DbResult<()> {
+pub async fn complete_job(core: &Arc<Core>, lease: &Lease) -> DbResult<()> {
     core.db
-        .exec(jobs::complete_stmt(core.now_ms(), job_id, &core.owner))
+        .exec(jobs::complete_stmt(core.now_ms(), lease))
         .await?;
     Ok(())
 }

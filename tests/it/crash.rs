@@ -329,3 +329,73 @@ async fn completions_survive_a_kill_and_arrive_exactly_once() {
     );
     second.kill();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_messages_survive_kills_and_are_read_exactly_once() {
+    let env = Env::new().await;
+    let cfg = write_config(&env, "");
+    let steps = json!([{"call": [{"name": "sleep", "args": {"ms": 1500}}]}, {"say": "slept"}]);
+    let first = Binary::start(&cfg, &env.path("stderr.log"));
+    let h = Harness::remote(&first.url);
+    let a = h.submit_task(&scripted("inbox keeper", steps)).await;
+    let id = a["id"].as_str().unwrap().to_string();
+    let pid = first.pid() as u64;
+    until("the sleep started", || {
+        env.debug_log()
+            .iter()
+            .any(|l| l["pid"].as_u64() == Some(pid))
+    })
+    .await;
+    // Five messages land in the inbox of the running agent.
+    for i in 0..5 {
+        let (s, v) = h
+            .post(
+                &format!("/v1/agents/{id}/messages"),
+                json!({"content": format!("while busy {i}")}),
+            )
+            .await;
+        assert_eq!(
+            (s.as_u16(), v["delivery"].as_str()),
+            (200, Some("queued")),
+            "{v}"
+        );
+    }
+    first.kill();
+
+    // After the restart the turn resumes and reads them; three more arrive
+    // and the process is killed again while they are being consumed.
+    let second = Binary::start(&cfg, &env.path("stderr.log"));
+    let h = Harness::remote(&second.url);
+    h.wait(&id).await;
+    for i in 0..3 {
+        h.post(
+            &format!("/v1/agents/{id}/messages"),
+            json!({"content": format!("later {i}")}),
+        )
+        .await;
+    }
+    second.kill();
+    let third = Binary::start(&cfg, &env.path("stderr.log"));
+    let h = Harness::remote(&third.url);
+    let mut msgs = Vec::new();
+    for _ in 0..3000 {
+        let (_, a) = h.get(&format!("/v1/agents/{id}")).await;
+        msgs = h.messages(&id).await;
+        let seen = (0..3).all(|i| msgs.iter().any(|m| m["content"] == format!("later {i}")));
+        if a["status"] == "done" && seen {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for text in (0..5)
+        .map(|i| format!("while busy {i}"))
+        .chain((0..3).map(|i| format!("later {i}")))
+    {
+        let n = msgs
+            .iter()
+            .filter(|m| m["content"] == text.as_str())
+            .count();
+        assert_eq!(n, 1, "`{text}` appears exactly once");
+    }
+    third.kill();
+}

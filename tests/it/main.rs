@@ -7,5 +7,6 @@ mod common;
 mod api;
 mod crash;
 mod loop_basics;
+mod messaging;
 mod model_faults;
 mod subagents;
