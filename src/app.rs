@@ -77,6 +77,7 @@ impl App {
         svc.spawn("rescuer", &core, services::rescuer);
         svc.spawn("deadline_sweeper", &core, services::deadline_sweeper);
         svc.spawn("pruner", &core, services::pruner);
+        svc.spawn("scheduler", &core, crate::scheduler::run);
         let pool = tokio::spawn(crate::worker::run_pool(Arc::clone(&core)));
 
         let router = crate::api::router(Arc::clone(&core));

@@ -300,6 +300,38 @@ async fn user_limit(core: &Core, user: &str) -> CreateError {
     ))
 }
 
+/// Creates a level-1 agent inside an existing write (a schedule's fire
+/// creates its agent in the same transaction as the fire record).
+pub async fn create_top_level_tx(
+    ctx: &mut WriteCtx,
+    core: &Core,
+    req: NewAgentRequest,
+) -> Result<Created, CreateError> {
+    validate(core, &req)?;
+    let now = ctx.now;
+    let plan = plan(core, &req, None, now)?;
+    let script = agents::create_script(
+        &plan.agent,
+        &plan.start(&req, core),
+        core.cfg.agents.max_active_agents_per_user,
+        now,
+    );
+    let out = crate::db::writer::run_stmts(ctx, &script).await?;
+    let Some(agent) = agents::created(&out)? else {
+        let active = agents::active_for_user(&mut ctx.conn, &req.user).await?;
+        return Err(CreateError::Limit(format!(
+            "too many active agents for user `{}` ({active}/{})",
+            req.user, core.cfg.agents.max_active_agents_per_user
+        )));
+    };
+    ctx.effects.events.push(plan.created_event(&agent, now));
+    Ok(Created {
+        agent,
+        created: true,
+        dropped_tools: plan.dropped,
+    })
+}
+
 /// A child is created in a closure: the parent row (its budget, deadline,
 /// tools and live child count) must be read in the same transaction.
 async fn create_child(core: &Arc<Core>, req: NewAgentRequest) -> Result<Created, CreateError> {

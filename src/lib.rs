@@ -25,6 +25,7 @@ pub mod handles;
 pub mod lifecycle;
 pub mod model;
 pub mod notify;
+pub mod scheduler;
 pub mod services;
 pub mod signals;
 pub mod tools;

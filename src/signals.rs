@@ -68,6 +68,8 @@ pub struct Signals {
     events: broadcast::Sender<Arc<Event>>,
     /// Wakes the worker dispatcher without polling.
     pub job_ready: Notify,
+    /// Wakes the scheduler: a schedule changed, or a cron tick passed.
+    pub schedules: Notify,
     turns: Mutex<HashMap<String, Arc<TurnSignal>>>,
 }
 
@@ -83,6 +85,7 @@ impl Signals {
         Self {
             events,
             job_ready: Notify::new(),
+            schedules: Notify::new(),
             turns: Mutex::new(HashMap::new()),
         }
     }

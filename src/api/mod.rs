@@ -6,6 +6,7 @@ pub mod approvals;
 pub mod error;
 pub mod extract;
 pub mod health;
+pub mod schedules;
 pub mod views;
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ pub fn router(core: Arc<Core>) -> Router {
         .merge(agents::routes())
         .merge(approvals::routes())
         .merge(health::routes())
+        .merge(schedules::routes())
         .fallback(|| async { error::ApiError::not_found("no such route") })
         .with_state(core)
 }

@@ -67,6 +67,11 @@ impl Client {
             .await
     }
 
+    pub async fn delete(&self, path: &str) -> Result<Value, ClientError> {
+        self.send(self.http.delete(format!("{}{path}", self.base)))
+            .await
+    }
+
     pub async fn post(&self, path: &str, body: &Value) -> Result<Value, ClientError> {
         self.send(self.http.post(format!("{}{path}", self.base)).json(body))
             .await

@@ -135,6 +135,13 @@ pub enum Command {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Cron briefs and heartbeats.
+    Schedule {
+        #[command(subcommand)]
+        action: ScheduleAction,
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// List pending tool approvals, or approve / deny one.
     Approvals {
         #[command(subcommand)]
@@ -142,6 +149,45 @@ pub enum Command {
         #[command(flatten)]
         remote: Remote,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScheduleAction {
+    /// Create a schedule.
+    Add {
+        /// 5 fields (minute first) or 6 (seconds first).
+        #[arg(long)]
+        cron: String,
+        /// brief (a fresh agent per fire) or heartbeat (a message to `--target`).
+        #[arg(long, default_value = "brief")]
+        kind: String,
+        /// The brief's task, or the heartbeat prompt.
+        #[arg(long)]
+        task: Option<String>,
+        /// Definition slug of a brief's agents.
+        #[arg(long)]
+        agent: Option<String>,
+        /// The heartbeat's agent (id or handle).
+        #[arg(long)]
+        target: Option<String>,
+        /// IANA timezone of the cron expression.
+        #[arg(long)]
+        tz: Option<String>,
+        #[arg(long)]
+        name: Option<String>,
+        /// skip (default) or queue.
+        #[arg(long)]
+        overlap: Option<String>,
+    },
+    /// List schedules.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a schedule.
+    Rm { id: String },
+    /// Fire a schedule once now.
+    Run { id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -221,6 +267,7 @@ pub async fn run_client(cmd: Command) -> i32 {
             json,
             remote,
         } => todo(&remote, &agent, json).await,
+        Command::Schedule { action, remote } => schedule(&remote, action).await,
         Command::Approvals { action, remote } => {
             approvals(&remote, action.unwrap_or(ApprovalAction::Ls)).await
         }
@@ -549,5 +596,70 @@ async fn todo(r: &Remote, agent: &str, json: bool) -> Result<i32, ClientError> {
         );
     }
     println!("{} completed, {} remaining", v["completed"], v["remaining"]);
+    Ok(0)
+}
+
+async fn schedule(r: &Remote, action: ScheduleAction) -> Result<i32, ClientError> {
+    let c = client(r);
+    match action {
+        ScheduleAction::Add {
+            cron,
+            kind,
+            task,
+            agent,
+            target,
+            tz,
+            name,
+            overlap,
+        } => {
+            let mut body = json!({"cron": cron, "kind": kind});
+            for (k, v) in [
+                ("task", task),
+                ("agent", agent),
+                ("target", target),
+                ("timezone", tz),
+                ("name", name),
+                ("overlap", overlap),
+            ] {
+                if let Some(v) = v {
+                    body[k] = Value::String(v);
+                }
+            }
+            let v = c.post("/v1/schedules", &body).await?;
+            println!("{} next fire {}", s(&v, "id"), s(&v, "next_fire_at"));
+        }
+        ScheduleAction::Ls { json } => {
+            let v = c.get("/v1/schedules").await?;
+            if json {
+                println!("{v:#}");
+                return Ok(0);
+            }
+            println!(
+                "{:<36} {:<9} {:<7} {:<18} {:<24} NAME",
+                "ID", "KIND", "ENABLED", "CRON", "NEXT"
+            );
+            for sch in v["schedules"].as_array().cloned().unwrap_or_default() {
+                println!(
+                    "{:<36} {:<9} {:<7} {:<18} {:<24} {}",
+                    s(&sch, "id"),
+                    s(&sch, "kind"),
+                    sch["enabled"],
+                    s(&sch, "cron"),
+                    s(&sch, "next_fire_at"),
+                    s(&sch, "name")
+                );
+            }
+        }
+        ScheduleAction::Rm { id } => {
+            let v = c.delete(&format!("/v1/schedules/{id}")).await?;
+            println!("{} deleted", s(&v, "id"));
+        }
+        ScheduleAction::Run { id } => {
+            let v = c
+                .post(&format!("/v1/schedules/{id}/run"), &json!({}))
+                .await?;
+            println!("{} {}", s(&v, "outcome"), s(&v, "agent_id"));
+        }
+    }
     Ok(0)
 }

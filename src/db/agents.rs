@@ -927,3 +927,46 @@ pub async fn open_ids_ro(pool: &SqlitePool, user: &str, limit: i64) -> DbResult<
     let mut conn = pool.acquire().await?;
     open_ids(&mut conn, user, limit).await
 }
+
+/// Settles a running agent `done` without a trace beyond the row (a quiet
+/// heartbeat: no event, no report), keeping its previous result. True when
+/// it settled (the guard held and the inbox is empty).
+pub async fn settle_quietly(
+    ctx: &mut WriteCtx,
+    id: &str,
+    run_token: i64,
+    lease: &Lease,
+) -> DbResult<bool> {
+    let script = Stmt::new(concat!(
+        "UPDATE user_stats SET active_agents = active_agents - 1
+          WHERE user_name = (SELECT user_name FROM agents WHERE id = ?)
+            AND EXISTS (SELECT 1 FROM agents g WHERE ", running_guard!(), ");
+         UPDATE agents SET active_children = active_children - 1
+          WHERE id = (SELECT parent_id FROM agents WHERE id = ?)
+            AND EXISTS (SELECT 1 FROM agents g WHERE ", running_guard!(), ");
+         UPDATE agents SET status = 'done', stop_reason = 'done', error = NULL, finished_at = ?
+          WHERE id = ? AND run_token = ? AND status = 'running'
+            AND NOT EXISTS (SELECT 1 FROM inbox WHERE inbox.agent_id = agents.id);
+         SELECT id FROM agents WHERE id = ? AND changes() = 1;
+         UPDATE jobs SET state = 'completed', finished_at = ?, lease_owner = NULL, lease_expires_at = NULL
+          WHERE id = ? AND state = 'running' AND lease_owner = ? AND attempts = ? AND changes() = 1"
+    ))
+    .arg(id)
+    .arg(id)
+    .arg(run_token)
+    .arg(true)
+    .arg(id)
+    .arg(id)
+    .arg(run_token)
+    .arg(true)
+    .arg(ctx.now)
+    .arg(id)
+    .arg(run_token)
+    .arg(id)
+    .arg(ctx.now)
+    .arg(lease.id)
+    .arg(lease.owner.as_str())
+    .arg(lease.attempts);
+    let out = run_stmts(ctx, &script).await?;
+    Ok(out.get(3).is_some_and(|o| !o.rows.is_empty()))
+}

@@ -255,3 +255,18 @@ pub async fn hide_range(
         .await?;
     Ok(r.rows_affected())
 }
+
+/// The newest visible messages of an agent, newest first.
+pub async fn recent_tx(
+    conn: &mut SqliteConnection,
+    agent_id: &str,
+    limit: i64,
+) -> DbResult<Vec<MessageRow>> {
+    Ok(sqlx::query_as::<_, MessageRow>(&format!(
+        "SELECT {COLUMNS} FROM messages WHERE agent_id = ? AND hidden = 0 ORDER BY id DESC LIMIT ?"
+    ))
+    .bind(agent_id)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?)
+}

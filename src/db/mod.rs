@@ -9,6 +9,7 @@ pub mod events;
 pub mod inbox;
 pub mod jobs;
 pub mod messages;
+pub mod schedules;
 pub mod steps;
 pub mod todos;
 pub mod waits;

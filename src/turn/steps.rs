@@ -259,6 +259,9 @@ pub async fn finish(
     lease: &Lease,
     result: String,
 ) -> DbResult<Finish> {
+    if result.trim() == core.cfg.heartbeat.ok_token && finish_quietly(core, agent, lease).await? {
+        return Ok(Finish::Settled);
+    }
     if agent.parent_id.is_none() && !crate::notify::has_target(core, agent) {
         let outcome = Outcome::done(result);
         let settlement = lifecycle::settlement(&outcome);
@@ -292,6 +295,48 @@ pub async fn finish(
                     return Ok(Finish::Settled);
                 }
                 next_turn_tx(ctx, &id, token, outcome.result.as_deref().unwrap_or("")).await
+            })
+        })
+        .await
+}
+
+/// A turn whose only input was heartbeat messages and whose answer is the
+/// ok token is quiet (SPEC §10): the agent settles without an event or a
+/// webhook, keeps its previous result, and the whole heartbeat exchange is
+/// hidden from its future context (the rows stay, marked). False when the
+/// turn was not such a turn (or messages wait: then the next turn starts).
+async fn finish_quietly(core: &Arc<Core>, agent: &AgentRow, lease: &Lease) -> DbResult<bool> {
+    let id = agent.id.clone();
+    let token = agent.run_token;
+    let lease = lease.clone();
+    core.db
+        .write(move |ctx: &mut WriteCtx| -> WriteFuture<'_, bool> {
+            Box::pin(async move {
+                let recent = crate::db::messages::recent_tx(&mut ctx.conn, &id, 1000).await?;
+                let Some(answer) = recent.first() else {
+                    return Ok(false);
+                };
+                let mut start = answer.id;
+                let mut origins = Vec::new();
+                for m in recent.iter().skip(1) {
+                    let previous_answer = m.role == MsgRole::Assistant && m.tool_calls.is_none();
+                    if previous_answer || m.role == MsgRole::System {
+                        break;
+                    }
+                    if m.role == MsgRole::User {
+                        origins.push(m.origin);
+                    }
+                    start = m.id;
+                }
+                let heartbeat_only = !origins.is_empty()
+                    && origins
+                        .iter()
+                        .all(|o| *o == Some(crate::types::Origin::Heartbeat));
+                if !heartbeat_only || !agents::settle_quietly(ctx, &id, token, &lease).await? {
+                    return Ok(false);
+                }
+                crate::db::messages::hide_range(&mut ctx.conn, &id, start, answer.id).await?;
+                Ok(true)
             })
         })
         .await

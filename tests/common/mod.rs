@@ -243,6 +243,26 @@ impl Harness {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    pub async fn patch(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        let r = self
+            .auth(self.http.patch(format!("{}{path}", self.base)).json(&body))
+            .send()
+            .await
+            .expect("PATCH");
+        let status = r.status();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        let r = self
+            .auth(self.http.delete(format!("{}{path}", self.base)))
+            .send()
+            .await
+            .expect("DELETE");
+        let status = r.status();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
     pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
         let r = self
             .auth(

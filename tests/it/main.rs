@@ -9,4 +9,5 @@ mod crash;
 mod loop_basics;
 mod messaging;
 mod model_faults;
+mod schedules;
 mod subagents;
