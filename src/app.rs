@@ -42,7 +42,16 @@ impl App {
 
     /// Starts with a given clock.
     pub async fn start_with(cfg: Config, clock: Clock) -> anyhow::Result<RunningApp> {
-        let core = build_core(cfg, clock).await?;
+        Self::start_opts(cfg, clock, false).await
+    }
+
+    /// Starts with a given clock, optionally recording step timings.
+    pub async fn start_opts(
+        cfg: Config,
+        clock: Clock,
+        step_timings: bool,
+    ) -> anyhow::Result<RunningApp> {
+        let core = build_core(cfg, clock, step_timings).await?;
         let addr = core.cfg.bind_addr();
         if core.auth.single_user() && !addr.ip().is_loopback() {
             bail!(
@@ -104,7 +113,11 @@ impl App {
 }
 
 /// Loads definitions, models, users and the database into a `Core`.
-pub async fn build_core(cfg: Config, clock: Clock) -> anyhow::Result<Arc<Core>> {
+pub async fn build_core(
+    cfg: Config,
+    clock: Clock,
+    step_timings: bool,
+) -> anyhow::Result<Arc<Core>> {
     let auth = Auth::from_config(&cfg)?;
     let catalog = crate::tools::builtin_catalog(&cfg);
     for tool in cfg.tools.approval.keys() {
@@ -155,6 +168,7 @@ pub async fn build_core(cfg: Config, clock: Clock) -> anyhow::Result<Arc<Core>> 
         debug_log,
         http: reqwest::Client::new(),
         webhook_secret,
+        step_timings: step_timings.then(crate::core::StepTimings::default),
         cfg,
     });
     for u in core.auth.users() {

@@ -160,6 +160,36 @@ pub struct Core {
     pub http: reqwest::Client,
     /// `[webhooks] secret_env`'s value, if set.
     pub webhook_secret: Option<String>,
+    /// Per-step orchestration time, recorded when a benchmark asks for it.
+    pub step_timings: Option<StepTimings>,
+}
+
+/// Samples of the time each step spends outside the model and the tools
+/// (recording, scheduling, context building), in microseconds.
+#[derive(Debug, Default)]
+pub struct StepTimings {
+    samples: std::sync::Mutex<Vec<u32>>,
+}
+
+impl StepTimings {
+    pub fn record(&self, d: std::time::Duration) {
+        let us = d.as_micros().min(u32::MAX as u128) as u32;
+        self.samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(us);
+    }
+
+    /// The samples so far (microseconds), sorted.
+    pub fn sorted(&self) -> Vec<u32> {
+        let mut v = self
+            .samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        v.sort_unstable();
+        v
+    }
 }
 
 impl Core {

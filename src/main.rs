@@ -17,6 +17,16 @@ fn init_tracing() {
         .try_init();
 }
 
+/// Benchmarks print figures on stdout; only warnings go to stderr.
+fn init_bench_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AGENTQ_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
@@ -96,21 +106,13 @@ async fn real_main() -> i32 {
                 }
             }
         }
-        Command::Bench { workload, .. } => {
-            let r = match workload.as_str() {
-                "w2" => agentq::bench::w2::run(200).await,
-                other => Err(anyhow::anyhow!("unknown workload `{other}`")),
-            };
-            match r {
-                Ok(v) => {
-                    println!("W2 turns_per_s {v:.1}");
-                    0
-                }
-                Err(e) => {
-                    eprintln!("agentq: {e:#}");
-                    1
-                }
-            }
+        Command::Bench {
+            workload,
+            json,
+            runs,
+        } => {
+            init_bench_tracing();
+            agentq::bench::main(workload, runs, json).await
         }
         other => cli::run_client(other).await,
     }

@@ -1,65 +1,147 @@
-//! W2: 200 agents, at most 16 running, 5 model calls each (4 echo, 1 final).
+//! W2: agent turns. Agents with a 5-call mock script (4 `echo` calls, then
+//! a final text), at most `workers` running at once; once with the mock
+//! in-process and once over loopback HTTP. Also samples the per-step time
+//! spent outside the model and the tools.
 
-use std::time::Instant;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use serde_json::json;
 
-use super::{bench_config, write_definitions};
+use super::{ModelSource, Report, Setup, Workload};
+use crate::clock::Clock;
 use crate::creation::{self, NewAgentRequest};
-use crate::events::EventKind;
 use crate::App;
 
-pub async fn run(agents: usize) -> anyhow::Result<f64> {
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub agents: usize,
+    pub workers: usize,
+    /// Echo calls before the final answer.
+    pub echoes: usize,
+}
+
+impl Params {
+    pub fn full() -> Self {
+        Self {
+            agents: 200,
+            workers: 16,
+            echoes: 4,
+        }
+    }
+
+    fn calls(&self) -> usize {
+        self.agents * (self.echoes + 1)
+    }
+}
+
+/// What one pass measured.
+pub struct Pass {
+    pub turns_per_s: f64,
+    /// Per-step orchestration time, microseconds, sorted.
+    pub step_us: Vec<u32>,
+    /// Writer transactions and its busy share of the wall time.
+    pub transactions: u64,
+    pub writer_busy: f64,
+}
+
+pub async fn run(p: &Params) -> anyhow::Result<Report> {
+    let mut report = Report::new(
+        Workload::W2,
+        json!({"agents": p.agents, "workers": p.workers, "model_calls_per_agent": p.echoes + 1}),
+    );
+    let local = pass(p, ModelSource::InProcess, &mut report).await?;
+    let rss = super::peak_rss_mb();
+    let mock = crate::model::mock_server::spawn(([127, 0, 0, 1], 0).into(), None).await?;
+    let http = pass(p, ModelSource::Http(mock.base_url()), &mut report).await;
+    mock.shutdown.cancel();
+    let http = http?;
+    report.figure("turns_per_s", local.turns_per_s);
+    report.figure("http_turns_per_s", http.turns_per_s);
+    let p99 = super::percentile(&local.step_us, 0.99).unwrap_or(0);
+    report.figure("p99_step_overhead_ms", p99 as f64 / 1000.0);
+    if let Some(rss) = rss {
+        report.figure("peak_rss_mb", rss);
+    }
+    for (name, pass) in [("in-process", &local), ("http", &http)] {
+        report.breakdown.push(format!(
+            "{name}: {} writer transactions for {} model calls; writer busy {:.0}% of the wall; \
+             step overhead p50 {} µs, p90 {} µs, p99 {} µs, max {} µs",
+            pass.transactions,
+            p.calls(),
+            pass.writer_busy * 100.0,
+            super::percentile(&pass.step_us, 0.5).unwrap_or(0),
+            super::percentile(&pass.step_us, 0.9).unwrap_or(0),
+            super::percentile(&pass.step_us, 0.99).unwrap_or(0),
+            pass.step_us.last().copied().unwrap_or(0),
+        ));
+    }
+    Ok(report)
+}
+
+/// One pass on a fresh database.
+pub async fn pass(p: &Params, model: ModelSource, report: &mut Report) -> anyhow::Result<Pass> {
     let dir = tempfile::tempdir()?;
-    let defs = write_definitions(dir.path())?;
-    let cfg = bench_config(dir.path(), &defs, "")?;
-    let app = App::start(cfg).await?;
+    let setup = Setup {
+        workers: p.workers,
+        model,
+        ..Setup::default()
+    };
+    let cfg = super::prepare(dir.path(), &setup)?;
+    let app = App::start_opts(cfg, Clock::system(), true).await?;
     let core = app.core.clone();
-    let mut rx = core.signals.subscribe();
-    let steps: Vec<serde_json::Value> = (0..4)
-        .map(|i| json!({"call": [{"name": "echo", "args": {"text": format!("step {i}")}}]}))
-        .chain([json!({"say": "done"})])
+    let tasks: Vec<String> = (0..p.agents)
+        .map(|i| super::echo_task(&format!("bench agent {i}"), p.echoes, 0))
         .collect();
-    let start = Instant::now();
-    // Submitted concurrently, as independent clients would.
-    let submits = (0..agents).map(|i| {
-        let core = core.clone();
-        let task = format!("bench agent {i}\n#mock {}", json!(steps));
-        async move { creation::create(&core, NewAgentRequest::top_level("local", &task)).await }
-    });
-    for r in futures::future::join_all(submits).await {
+    let stats = core.db.writer_stats();
+    let (tx0, busy0) = (stats.batches.load(Relaxed), stats.busy_us.load(Relaxed));
+    let began = Instant::now();
+    // Submitted by a few concurrent clients; a burst of hundreds of creates
+    // at once would sit in front of the first steps' writes and measure the
+    // burst, not the steps.
+    let mut submits = futures::stream::iter(tasks.iter())
+        .map(|task| {
+            let core = core.clone();
+            async move { creation::create(&core, NewAgentRequest::top_level("local", task)).await }
+        })
+        .buffer_unordered(8);
+    while let Some(r) = submits.next().await {
         r?;
     }
-    let mut finished = 0;
-    while finished < agents {
-        let e = rx.recv().await?;
-        if e.kind == EventKind::AgentFinished {
-            finished += 1;
-        }
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let calls = (agents * 5) as f64;
-    {
-        use crate::db::writer::*;
-        use std::sync::atomic::Ordering::Relaxed;
-        eprintln!(
-            "batches {} ops {} closures {} hops {} busy_us {}",
-            BATCHES.load(Relaxed),
-            OPS.load(Relaxed),
-            CLOS.load(Relaxed),
-            HOPS.load(Relaxed),
-            BUSY.load(Relaxed)
-        );
-        for e in T.lock().unwrap().iter() {
-            eprintln!(
-                "  {:45} n={:5} total_us={:7} avg={}",
-                e.0,
-                e.1,
-                e.2,
-                e.2 / e.1.max(1)
-            );
-        }
-    }
+    drop(submits);
+    let waited = super::wait_all_done(
+        core.db.reader(),
+        p.agents as i64,
+        Duration::from_millis(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    let wall = began.elapsed();
+    let stats = core.db.writer_stats();
+    let transactions = stats.batches.load(Relaxed) - tx0;
+    let writer_busy = (stats.busy_us.load(Relaxed) - busy0) as f64 / wall.as_micros() as f64;
+    let recorded = crate::db::bench::recorded_steps(core.db.reader()).await;
+    let step_us = core
+        .step_timings
+        .as_ref()
+        .map(|t| t.sorted())
+        .unwrap_or_default();
     app.shutdown().await;
-    Ok(calls / secs)
+    waited?;
+    let expected = (p.agents * (2 * p.echoes + 1)) as i64;
+    let recorded = recorded?;
+    if recorded != expected {
+        report.fail(format!(
+            "{recorded} steps recorded, expected {expected} (each agent: {} answers, {} tool results)",
+            p.echoes + 1,
+            p.echoes
+        ));
+    }
+    Ok(Pass {
+        turns_per_s: p.calls() as f64 / wall.as_secs_f64(),
+        step_us,
+        transactions,
+        writer_busy,
+    })
 }

@@ -67,10 +67,16 @@ pub enum Command {
     },
     /// Run a benchmark workload (see BENCH.md).
     Bench {
-        /// w1, w2, w3, w4, w5 or all.
-        workload: String,
+        /// The workload of BENCH.md to run.
+        #[arg(value_enum)]
+        workload: crate::bench::Workload,
+        /// Also print one JSON object with every figure, the settings and
+        /// the machine.
         #[arg(long)]
         json: bool,
+        /// Runs per workload; figures are the median, with the spread.
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
     },
     /// Submit a task to a new agent.
     Submit(SubmitArgs),

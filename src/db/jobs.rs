@@ -167,6 +167,36 @@ pub fn job_row(now: i64, job: &NewJob) -> RowReq {
     }
 }
 
+/// Many jobs in one statement (the batch enqueue): the jobs travel as one
+/// JSON array, so any number of them binds as one argument.
+pub fn insert_many_stmt(now: i64, jobs: &[NewJob]) -> Stmt {
+    let list: Vec<serde_json::Value> = jobs
+        .iter()
+        .map(|j| {
+            serde_json::json!({
+                "kind": j.kind.as_str(),
+                "agent_id": j.agent_id,
+                "payload": j.payload,
+                "priority": j.priority,
+                "run_at": j.run_at.unwrap_or(now),
+                "max_attempts": j.max_attempts,
+                "dedupe_key": j.dedupe_key,
+            })
+        })
+        .collect();
+    Stmt::new(
+        "INSERT OR IGNORE INTO jobs
+             (kind, agent_id, payload, state, priority, run_at, max_attempts, dedupe_key, created_at)
+         SELECT value ->> 'kind', value ->> 'agent_id', value ->> 'payload', 'queued',
+                value ->> 'priority', value ->> 'run_at', value ->> 'max_attempts',
+                value ->> 'dedupe_key', ?
+           FROM json_each(?)",
+    )
+    .arg(now)
+    .arg(serde_json::Value::Array(list).to_string())
+    .waking()
+}
+
 /// Completes many held jobs in one statement.
 pub fn complete_many_stmt(now: i64, ids: &[i64], owner: &str) -> Stmt {
     let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());

@@ -5,6 +5,8 @@
 
 pub mod agents;
 pub mod approvals;
+pub mod bench;
+mod checkpoint;
 pub mod events;
 pub mod inbox;
 pub mod jobs;
@@ -74,6 +76,7 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 #[derive(Clone)]
 pub struct Db {
     writer: writer::Writer,
+    checkpointer: Arc<checkpoint::Checkpointer>,
     read: SqlitePool,
     pub clock: Clock,
 }
@@ -91,6 +94,7 @@ fn connect_options(path: &Path, sync: Synchronous) -> SqliteConnectOptions {
         .statement_cache_capacity(512)
         .pragma("cache_size", "-32000")
         .pragma("temp_store", "memory")
+        .pragma("wal_autocheckpoint", checkpoint::AUTOCHECKPOINT_PAGES)
         .disable_statement_logging()
 }
 
@@ -124,11 +128,18 @@ impl Db {
             .connect_with(connect_options(&cfg.path, cfg.synchronous).read_only(true))
             .await?;
         let writer = writer::Writer::start(conn, clock.clone(), signals);
+        let checkpointer = Arc::new(checkpoint::Checkpointer::start(cfg).await?);
         Ok(Self {
             writer,
+            checkpointer,
             read,
             clock,
         })
+    }
+
+    /// What the writer has done so far (benchmark breakdowns).
+    pub fn writer_stats(&self) -> &writer::WriterStats {
+        &self.writer.stats
     }
 
     /// Applies migrations without starting anything (`agentq migrate`).
@@ -186,6 +197,7 @@ impl Db {
     /// Stops the writer after it drained what was queued, and closes the pool.
     pub async fn close(&self) {
         self.writer.stop().await;
+        self.checkpointer.stop().await;
         self.read.close().await;
     }
 }

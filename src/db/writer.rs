@@ -23,6 +23,8 @@
 //! serialisation of concurrent requests.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 
 use futures::future::BoxFuture;
@@ -315,6 +317,7 @@ enum Done {
 pub(super) struct Writer {
     tx: mpsc::Sender<Op>,
     stop: Arc<Mutex<Option<StopHandle>>>,
+    pub(super) stats: Arc<WriterStats>,
 }
 
 fn not_run() -> DbError {
@@ -330,6 +333,8 @@ impl Writer {
             effects: Effects::default(),
         };
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let stats = Arc::new(WriterStats::default());
+        let counters = Arc::clone(&stats);
         // The writer gets its own thread and runtime: it must run the moment
         // SQLite answers, not wait for a worker thread busy with turns.
         let thread = std::thread::Builder::new()
@@ -347,7 +352,7 @@ impl Writer {
                 };
                 rt.block_on(async move {
                     tokio::select! {
-                        _ = run(ctx, rx, clock, signals) => {}
+                        _ = run(ctx, rx, clock, signals, counters) => {}
                         _ = stop_rx => {}
                     }
                 });
@@ -356,6 +361,7 @@ impl Writer {
         Self {
             tx,
             stop: Arc::new(Mutex::new(thread.map(|t| (stop_tx, t)))),
+            stats,
         }
     }
 
@@ -417,24 +423,21 @@ impl Writer {
     }
 }
 
-pub static T: std::sync::Mutex<Vec<(String, u64, u64)>> = std::sync::Mutex::new(Vec::new());
-pub fn rec(k: &str, us: u64) {
-    let mut t = T.lock().unwrap();
-    if let Some(e) = t.iter_mut().find(|e| e.0 == k) {
-        e.1 += 1;
-        e.2 += us;
-    } else {
-        t.push((k.to_string(), 1, us));
-    }
+/// Counters of the writer's work, read by benchmarks for their breakdown.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    /// Transactions committed (or rolled back).
+    pub batches: AtomicU64,
+    /// Callers' writes inside them.
+    pub writes: AtomicU64,
+    /// Time the writer spent running transactions, in microseconds.
+    pub busy_us: AtomicU64,
 }
-pub static HOPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-pub static BATCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-pub static OPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-pub static CLOS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-pub static BUSY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Transaction control (`BEGIN`, `COMMIT`, savepoints): through the
+/// statement cache, since a raw string would be prepared on every call.
 async fn exec_raw(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), sqlx::Error> {
-    HOPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    conn.execute(sql).await.map(|_| ())
+    sqlx::query(sql).execute(conn).await.map(|_| ())
 }
 
 /// Runs a script as one cached command; one output per statement. On error
@@ -453,7 +456,6 @@ async fn run_script(
     // anonymous parameters across them in order, and reports each
     // statement's rows followed by its result (sqlx 0.8 behaviour, pinned in
     // Cargo.lock; sqlx#3108 discusses its future).
-    HOPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let query = sqlx::query_with(sql, args);
     let mut stream = Executor::fetch_many(&mut *conn, query);
     let mut outputs = Vec::new();
@@ -700,27 +702,28 @@ fn match_rows(
     chunk.iter().map(|r| Ok(ids.get(&r.key).copied())).collect()
 }
 
-async fn run(mut ctx: WriteCtx, mut rx: mpsc::Receiver<Op>, clock: Clock, signals: Arc<Signals>) {
+async fn run(
+    mut ctx: WriteCtx,
+    mut rx: mpsc::Receiver<Op>,
+    clock: Clock,
+    signals: Arc<Signals>,
+    stats: Arc<WriterStats>,
+) {
     let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
     let mut done: Vec<Done> = Vec::with_capacity(MAX_BATCH);
     loop {
         if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
             return;
         }
-        BATCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        OPS.fetch_add(batch.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        CLOS.fetch_add(
-            batch.iter().filter(|o| matches!(o, Op::Closure(_))).count() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        stats.batches.fetch_add(1, Relaxed);
+        stats.writes.fetch_add(batch.len() as u64, Relaxed);
         ctx.now = clock.now_ms();
         ctx.effects = Effects::default();
-        let t0 = std::time::Instant::now();
+        let began = std::time::Instant::now();
         let failure = run_batch(&mut ctx, &mut batch, &mut done).await;
-        BUSY.fetch_add(
-            t0.elapsed().as_micros() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        stats
+            .busy_us
+            .fetch_add(began.elapsed().as_micros() as u64, Relaxed);
         match failure {
             None => {
                 signals.apply(std::mem::take(&mut ctx.effects));
@@ -792,11 +795,7 @@ async fn run_batch(
         units_left -= 1;
         let commit = commit_in_units && units_left == 0;
         let (reqs, txs): (Vec<RowReq>, Vec<_>) = list.into_iter().unzip();
-        let t0 = std::time::Instant::now();
-        let rr = run_rows_unit(ctx, &mut txn, kind, &reqs, commit).await;
-        rec(&format!("rows {kind:?}"), t0.elapsed().as_micros() as u64);
-        rec(&format!("rowcount {kind:?}"), reqs.len() as u64);
-        match rr {
+        match run_rows_unit(ctx, &mut txn, kind, &reqs, commit).await {
             Ok(results) => {
                 for (t, r) in txs.into_iter().zip(results) {
                     done.push(Done::Row(t, r));
@@ -808,13 +807,7 @@ async fn run_batch(
     for (s, t) in stmts {
         units_left -= 1;
         let commit = commit_in_units && units_left == 0;
-        let t0 = std::time::Instant::now();
-        let rr = run_stmt_unit(ctx, &mut txn, &s, commit).await;
-        rec(
-            &s.sql[..40.min(s.sql.len())].replace('\n', " "),
-            t0.elapsed().as_micros() as u64,
-        );
-        match rr {
+        match run_stmt_unit(ctx, &mut txn, &s, commit).await {
             Ok(r) => done.push(Done::Stmt(t, r)),
             Err(e) => return Some(abort(ctx, txn.began, e).await),
         }

@@ -93,6 +93,37 @@ fn default_reply(messages: &[ChatMessage]) -> String {
     }
 }
 
+/// Agent ids announced in the request's tool results (`ID: <uuid>`), in
+/// order: what `"$spawned_ids"` in a scripted call's arguments becomes.
+fn spawned_ids(messages: &[ChatMessage]) -> Vec<Value> {
+    let mut ids = Vec::new();
+    for m in messages.iter().filter(|m| m.role == MsgRole::Tool) {
+        let mut rest = m.content.as_str();
+        while let Some(pos) = rest.find("ID: ") {
+            let cand = rest[pos + 4..].chars().take(36).collect::<String>();
+            if uuid::Uuid::parse_str(&cand).is_ok() {
+                ids.push(Value::String(cand));
+            }
+            rest = &rest[pos + 4..];
+        }
+    }
+    ids
+}
+
+/// Replaces `"$spawned_ids"` string values (at any depth) by the ids.
+fn substitute(v: &Value, messages: &[ChatMessage]) -> Value {
+    match v {
+        Value::String(s) if s == "$spawned_ids" => Value::Array(spawned_ids(messages)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| substitute(x, messages)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (k.clone(), substitute(x, messages)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 fn text_reply(content: String) -> ModelReply {
     ModelReply {
         content,
@@ -213,11 +244,11 @@ impl MockBrain {
                         .and_then(Value::as_str)
                         .unwrap_or_default()
                         .to_string(),
-                    arguments: c
-                        .get("args")
-                        .cloned()
-                        .unwrap_or_else(|| Value::Object(Default::default()))
-                        .to_string(),
+                    arguments: substitute(
+                        c.get("args").unwrap_or(&Value::Object(Default::default())),
+                        messages,
+                    )
+                    .to_string(),
                 })
                 .collect();
             ModelReply {
@@ -393,6 +424,22 @@ mod tests {
                 tokens_in: 7,
                 tokens_out: 3
             }
+        );
+    }
+
+    #[test]
+    fn spawned_ids_are_substituted() {
+        let mut c = conv("#mock [{\"call\":[{\"name\":\"x\"}]},{\"call\":[{\"name\":\"wait_for_agent\",\"args\":{\"ids\":\"$spawned_ids\"}}]}]", 1);
+        c.push(ChatMessage {
+            role: MsgRole::Tool,
+            content: "Sub-agent spawned in background. ID: 3f2a0000-0000-4000-8000-000000000001 (handle 3f2a).".into(),
+            tool_calls: vec![],
+            tool_call_id: Some("c".into()),
+        });
+        let r = MockBrain::new().plan("m", &c).outcome.unwrap();
+        assert_eq!(
+            r.tool_calls[0].arguments,
+            r#"{"ids":["3f2a0000-0000-4000-8000-000000000001"]}"#
         );
     }
 

@@ -147,6 +147,9 @@ async fn run(
         }),
         None => None,
     });
+    // Step timing (benchmarks): from an answer to the next request, minus
+    // the time the tools themselves took.
+    let mut answered: Option<(std::time::Instant, Duration)> = None;
     // Messages that arrived before this run are read at its first step
     // boundary (later ones raise the flag themselves).
     if inbox_waiting {
@@ -171,6 +174,9 @@ async fn run(
                 &pending,
             )
             .await?;
+            if let Some((_, spent)) = answered.as_mut() {
+                *spent += waiting_on.tool_time;
+            }
             if let Some(outcome) = waiting_on.stopped {
                 steps::stop(core, &agent, &lease, outcome).await?;
                 return Ok(());
@@ -205,6 +211,9 @@ async fn run(
             .await?;
             return Ok(());
         }
+        if let (Some(t), Some((at, tool_time))) = (&core.step_timings, answered.take()) {
+            t.record(at.elapsed().saturating_sub(tool_time));
+        }
         let answer = tokio::select! {
             biased;
             _ = core.stop.hard.cancelled() => return release(core, &agent, job).await,
@@ -225,6 +234,7 @@ async fn run(
                 return Ok(());
             }
         };
+        answered = Some((std::time::Instant::now(), Duration::ZERO));
         let message_id = steps::record_assistant(core, &agent, &answer).await?;
         agent.turn_calls += 1;
         conv.push_answer(message_id, &answer.reply.content, &answer.reply.tool_calls)
@@ -239,7 +249,12 @@ async fn run(
         }
         if answer.reply.tool_calls.is_empty() {
             match steps::finish(core, &agent, &lease, answer.reply.content).await? {
-                Finish::Settled => return Ok(()),
+                Finish::Settled => {
+                    if let (Some(t), Some((at, _))) = (&core.step_timings, answered.take()) {
+                        t.record(at.elapsed());
+                    }
+                    return Ok(());
+                }
                 Finish::NextTurn(rows) => {
                     agent.turn_calls = 0;
                     push_all(&mut conv, &rows)?;
@@ -371,6 +386,8 @@ struct ToolRun {
     ids: Vec<String>,
     /// Those of them that wait on a human's approval.
     gated: Vec<String>,
+    /// Time spent inside the tools (not recording them).
+    tool_time: Duration,
     /// The run was stopped by the deadline.
     stopped: Option<Outcome>,
 }
@@ -388,6 +405,7 @@ async fn run_tools(
 ) -> Result<ToolRun, Halt> {
     let mut waiting = Vec::new();
     let mut gated = Vec::new();
+    let mut tool_time = Duration::ZERO;
     let mut i = 0;
     let parallel = |c: &ToolCall| core.catalog.get(&c.name).is_none_or(|t| t.parallel());
     while i < pending.len() {
@@ -400,9 +418,11 @@ async fn run_tools(
         let since = hints.since();
         let mut running: FuturesUnordered<_> = pending[i..j]
             .iter()
-            .map(
-                |call| async move { (call, execute(core, agent, allowed, sig, call, since).await) },
-            )
+            .map(|call| async move {
+                let began = std::time::Instant::now();
+                let output = execute(core, agent, allowed, sig, call, since).await;
+                (call, output, began.elapsed())
+            })
             .collect();
         loop {
             let next = tokio::select! {
@@ -410,11 +430,14 @@ async fn run_tools(
                 _ = core.stop.hard.cancelled() => return Err(Halt::Stop),
                 _ = sig.cancel.cancelled() => return Err(Halt::Stale),
                 _ = sleep_until_ms(core, agent.deadline_at) => {
-                    return Ok(ToolRun { ids: waiting, gated, stopped: Some(deadline_outcome(agent, conv)) });
+                    return Ok(ToolRun { ids: waiting, gated, tool_time, stopped: Some(deadline_outcome(agent, conv)) });
                 }
                 n = running.next() => n,
             };
-            let Some((call, output)) = next else { break };
+            let Some((call, output, took)) = next else {
+                break;
+            };
+            tool_time += took;
             let (mut text, is_error) = match output {
                 ToolOutput::Ok(t) => (t, false),
                 ToolOutput::Err(t) => (t, true),
@@ -448,6 +471,7 @@ async fn run_tools(
     Ok(ToolRun {
         ids: waiting,
         gated,
+        tool_time,
         stopped: None,
     })
 }

@@ -5,6 +5,7 @@
 mod common;
 
 mod api;
+mod bench;
 mod crash;
 mod loop_basics;
 mod messaging;
