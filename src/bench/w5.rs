@@ -3,6 +3,7 @@
 //! them run together; meanwhile a client polls `GET /v1/agents/{id}` at a
 //! fixed rate. Measures peak RSS, the API's p99 latency and the makespan.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -63,6 +64,12 @@ pub async fn run(p: &Params) -> anyhow::Result<Report> {
         stop.clone(),
     ));
 
+    let stats = core.db.writer_stats();
+    let (tx0, writes0, busy0) = (
+        stats.batches.load(Relaxed),
+        stats.writes.load(Relaxed),
+        stats.busy_us.load(Relaxed),
+    );
     let began = Instant::now();
     let mut submits = futures::stream::iter(tasks.iter())
         .map(|task| {
@@ -83,6 +90,13 @@ pub async fn run(p: &Params) -> anyhow::Result<Report> {
     )
     .await;
     let makespan = began.elapsed();
+    let stats = core.db.writer_stats();
+    let writer = format!(
+        "writer: {} transactions, {} writes, busy {:.0}% of the makespan",
+        stats.batches.load(Relaxed) - tx0,
+        stats.writes.load(Relaxed) - writes0,
+        (stats.busy_us.load(Relaxed) - busy0) as f64 / makespan.as_micros().max(1) as f64 * 100.0
+    );
     stop.cancel();
     let polls = poller.await?;
     let rss = super::peak_rss_mb();
@@ -106,6 +120,7 @@ pub async fn run(p: &Params) -> anyhow::Result<Report> {
         latencies.last().copied().unwrap_or(0),
         polls.errors,
     ));
+    report.breakdown.push(writer);
     if latencies.is_empty() {
         report.fail("no API read completed during the run");
     }
