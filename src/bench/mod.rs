@@ -138,6 +138,17 @@ impl Default for Setup {
     }
 }
 
+/// A fresh directory for one run; kept (and named on stderr) when
+/// `AGENTQ_BENCH_KEEP` is set, to look at the database and logs after.
+pub fn workdir() -> anyhow::Result<tempfile::TempDir> {
+    let mut dir = tempfile::Builder::new().prefix("agentq-bench-").tempdir()?;
+    if std::env::var_os("AGENTQ_BENCH_KEEP").is_some() {
+        dir.disable_cleanup(true);
+        eprintln!("keeping {}", dir.path().display());
+    }
+    Ok(dir)
+}
+
 /// The database file of a benchmark directory.
 pub fn db_path(dir: &Path) -> PathBuf {
     dir.join("bench.db")

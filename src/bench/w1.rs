@@ -52,7 +52,7 @@ fn noop_job(i: usize) -> NewJob {
 }
 
 pub async fn run(p: &Params) -> anyhow::Result<Report> {
-    let dir = tempfile::tempdir()?;
+    let dir = super::workdir()?;
     let cfg = super::prepare(dir.path(), &super::Setup::default())?;
     let db = Db::open(&cfg.database, Clock::system(), Arc::new(Signals::new())).await?;
     let mut report = Report::new(

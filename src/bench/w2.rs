@@ -82,7 +82,7 @@ pub async fn run(p: &Params) -> anyhow::Result<Report> {
 
 /// One pass on a fresh database.
 pub async fn pass(p: &Params, model: ModelSource, report: &mut Report) -> anyhow::Result<Pass> {
-    let dir = tempfile::tempdir()?;
+    let dir = super::workdir()?;
     let setup = Setup {
         workers: p.workers,
         model,

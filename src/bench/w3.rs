@@ -49,7 +49,7 @@ fn parent_task(p: &Params) -> String {
 }
 
 pub async fn run(p: &Params) -> anyhow::Result<Report> {
-    let dir = tempfile::tempdir()?;
+    let dir = super::workdir()?;
     let setup = Setup {
         // Every child can run at once, next to the parent.
         workers: p.children + 16,

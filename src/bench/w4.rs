@@ -105,7 +105,7 @@ impl Drop for Server {
 }
 
 pub async fn run(p: &Params) -> anyhow::Result<Report> {
-    let dir = tempfile::tempdir()?;
+    let dir = super::workdir()?;
     let mock_log = dir.path().join("mock.jsonl");
     let tools_log = dir.path().join("tools.jsonl");
     let stderr = dir.path().join("agentq.log");

@@ -38,7 +38,7 @@ impl Params {
 }
 
 pub async fn run(p: &Params) -> anyhow::Result<Report> {
-    let dir = tempfile::tempdir()?;
+    let dir = super::workdir()?;
     let setup = Setup {
         workers: p.agents + 64,
         ..Setup::default()

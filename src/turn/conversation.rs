@@ -118,6 +118,15 @@ impl Conversation {
         self.results.clear();
     }
 
+    /// The newest message's text when it is a final answer (an assistant
+    /// message without tool calls).
+    pub fn final_answer(&self) -> Option<&str> {
+        self.chat
+            .last()
+            .filter(|m| m.role == MsgRole::Assistant && m.tool_calls.is_empty())
+            .map(|m| m.content.as_str())
+    }
+
     /// Calls of the newest assistant message that still lack a result.
     pub fn pending(&self) -> Vec<ToolCall> {
         self.open_calls

@@ -194,6 +194,16 @@ async fn run(
             let rows = steps::take_inbox(core, &agent).await?;
             push_all(&mut conv, &rows)?;
         }
+        if let Some(text) = conv.final_answer() {
+            // The final answer is recorded but the turn never settled (the
+            // process died in between, or the settling write failed):
+            // settle with it rather than ask the model again.
+            let text = text.to_string();
+            if finish_turn(core, &mut agent, &lease, &mut conv, text).await? {
+                return Ok(());
+            }
+            continue;
+        }
         if let Some(outcome) = check_limits(core, &agent, &conv).await? {
             steps::stop(core, &agent, &lease, outcome).await?;
             return Ok(());
@@ -247,19 +257,38 @@ async fn run(
                     "tool_calls": answer.reply.tool_calls, "model": answer.model}),
             ));
         }
-        if answer.reply.tool_calls.is_empty() {
-            match steps::finish(core, &agent, &lease, answer.reply.content).await? {
-                Finish::Settled => {
-                    if let (Some(t), Some((at, _))) = (&core.step_timings, answered.take()) {
-                        t.record(at.elapsed());
-                    }
-                    return Ok(());
-                }
-                Finish::NextTurn(rows) => {
-                    agent.turn_calls = 0;
-                    push_all(&mut conv, &rows)?;
-                }
+        if answer.reply.tool_calls.is_empty()
+            && finish_turn(core, &mut agent, &lease, &mut conv, answer.reply.content).await?
+        {
+            if let (Some(t), Some((at, _))) = (&core.step_timings, answered.take()) {
+                t.record(at.elapsed());
             }
+            return Ok(());
+        }
+    }
+}
+
+/// Settles the turn with its final answer. False when messages arrived
+/// meanwhile: they are in the conversation and the next turn goes on.
+async fn finish_turn(
+    core: &Arc<Core>,
+    agent: &mut AgentRow,
+    lease: &crate::db::jobs::Lease,
+    conv: &mut Conversation,
+    text: String,
+) -> Result<bool, Halt> {
+    match steps::finish(core, agent, lease, text).await? {
+        Finish::Settled => Ok(true),
+        // Settling only gives way to waiting messages; none taken would
+        // loop on the same answer.
+        Finish::NextTurn(rows) if rows.is_empty() => Err(Halt::Db(DbError::Conflict(format!(
+            "agent {}: the turn could not settle, yet no message was waiting",
+            agent.id
+        )))),
+        Finish::NextTurn(rows) => {
+            agent.turn_calls = 0;
+            push_all(conv, &rows)?;
+            Ok(false)
         }
     }
 }

@@ -399,3 +399,60 @@ async fn inbox_messages_survive_kills_and_are_read_exactly_once() {
     }
     third.kill();
 }
+
+/// A crash between recording the final answer and settling the agent
+/// leaves a running agent whose conversation already ends in that answer.
+/// The resumed turn must settle with it, not ask the model again. The state
+/// is made by hand (a real kill would have to land in that gap by luck):
+/// a finished agent's rows are put back to what the crash leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_final_answer_settles_after_a_crash_without_a_new_model_call() {
+    let env = Env::new().await;
+    let cfg = write_config(&env, "");
+    let first = Binary::start(&cfg, &env.path("stderr.log"));
+    let h = Harness::remote(&first.url);
+    let a = h
+        .submit_task(&scripted("gap agent", json!([{"say": "final words"}])))
+        .await;
+    let id = a["id"].as_str().unwrap().to_string();
+    let done = h.wait_settled(&id, Duration::from_secs(30)).await;
+    assert_eq!(done["status"], "done", "{done}");
+    first.kill();
+    let requests_before = env.mock_log().len();
+    {
+        use sqlx::Connection;
+        let url = format!("sqlite://{}", env.path("agentq.db").display());
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        for sql in [
+            "UPDATE agents SET status = 'running', result = NULL, stop_reason = NULL,
+                    finished_at = NULL WHERE id = ?1",
+            "UPDATE user_stats SET active_agents = active_agents + 1
+              WHERE user_name = (SELECT user_name FROM agents WHERE id = ?1)",
+            "UPDATE jobs SET state = 'running', lease_owner = 'gone', lease_expires_at = 0,
+                    finished_at = NULL WHERE agent_id = ?1 AND kind = 'turn'",
+        ] {
+            let r = sqlx::query(sql).bind(&id).execute(&mut conn).await.unwrap();
+            assert_eq!(r.rows_affected(), 1, "{sql}");
+        }
+        conn.close().await.unwrap();
+    }
+
+    let second = Binary::start(&cfg, &env.path("stderr.log"));
+    let h = Harness::remote(&second.url);
+    let after = h.wait_settled(&id, Duration::from_secs(30)).await;
+    assert_eq!(after["status"], "done", "{after}");
+    assert_eq!(after["result"], "final words", "{after}");
+    assert_eq!(
+        env.mock_log().len(),
+        requests_before,
+        "the model was asked again"
+    );
+    let answers = h
+        .messages(&id)
+        .await
+        .into_iter()
+        .filter(|m| m["role"] == "assistant")
+        .count();
+    assert_eq!(answers, 1);
+    drop(second);
+}
