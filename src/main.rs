@@ -110,9 +110,14 @@ async fn real_main() -> i32 {
             workload,
             json,
             runs,
+            one_run,
         } => {
             init_bench_tracing();
-            agentq::bench::main(workload, runs, json).await
+            if one_run {
+                agentq::bench::one_run(workload).await
+            } else {
+                agentq::bench::main(workload, runs, json).await
+            }
         }
         other => cli::run_client(other).await,
     }

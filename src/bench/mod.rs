@@ -18,7 +18,9 @@ use sqlx::SqlitePool;
 use crate::config::Config;
 
 /// A workload of BENCH.md.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 pub enum Workload {
     W1,
     W2,
@@ -68,11 +70,11 @@ impl Workload {
 }
 
 /// What one run of a workload measured.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Report {
     pub workload: Workload,
     /// `(name, value)` in print order.
-    pub figures: Vec<(&'static str, f64)>,
+    pub figures: Vec<(String, f64)>,
     /// The settings the run used.
     pub settings: Value,
     /// What the run lost or got wrong (a non-empty list fails the command).
@@ -92,8 +94,8 @@ impl Report {
         }
     }
 
-    pub fn figure(&mut self, name: &'static str, value: f64) {
-        self.figures.push((name, value));
+    pub fn figure(&mut self, name: &str, value: f64) {
+        self.figures.push((name.to_string(), value));
     }
 
     pub fn get(&self, name: &str) -> Option<f64> {
@@ -326,7 +328,7 @@ pub fn machine() -> Value {
 }
 
 /// Median, min and max of each figure over the runs of one workload.
-fn summarise(runs: &[Report]) -> Vec<(&'static str, f64, f64, f64)> {
+fn summarise(runs: &[Report]) -> Vec<(String, f64, f64, f64)> {
     let Some(first) = runs.first() else {
         return Vec::new();
     };
@@ -341,15 +343,54 @@ fn summarise(runs: &[Report]) -> Vec<(&'static str, f64, f64, f64)> {
             } else {
                 (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
             };
-            (*name, median, v[0], v[v.len() - 1])
+            (name.clone(), median, v[0], v[v.len() - 1])
         })
         .collect()
 }
 
-/// `agentq bench`: runs each workload `runs` times, prints one line per
-/// figure (the median; with several runs, the spread after it) and, with
-/// `json`, one JSON object. Returns the exit code: non-zero when a run
-/// failed or lost anything.
+/// Runs one workload once in a fresh process (`agentq bench W
+/// --one-run`), so that no run inherits another's heap, threads or page
+/// cache state, and peak RSS is the run's own.
+async fn run_isolated(w: Workload) -> anyhow::Result<Report> {
+    let exe = std::env::current_exe()?;
+    let name = format!("{w:?}").to_lowercase();
+    let out = tokio::process::Command::new(&exe)
+        .args(["bench", &name, "--one-run"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot run {}: {e}", exe.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last).map_err(|e| {
+        anyhow::anyhow!(
+            "the {} run ended with {} and no report ({e}): {last:?}",
+            w.label(),
+            out.status
+        )
+    })
+}
+
+/// `agentq bench W --one-run`: one run in this process, its report as one
+/// JSON line.
+pub async fn one_run(workload: Workload) -> i32 {
+    reset_peak_rss();
+    match workload.run_once().await {
+        Ok(r) => {
+            println!("{}", json!(r));
+            i32::from(!r.failures.is_empty())
+        }
+        Err(e) => {
+            eprintln!("{}: {e:#}", workload.label());
+            1
+        }
+    }
+}
+
+/// `agentq bench`: runs each workload `runs` times, each in a fresh
+/// process, prints one line per figure (the median; with several runs, the
+/// spread after it) and, with `json`, one JSON object. Returns the exit
+/// code: non-zero when a run failed or lost anything.
 pub async fn main(workload: Workload, runs: usize, as_json: bool) -> i32 {
     let runs = runs.max(1);
     let mut code = 0;
@@ -358,8 +399,7 @@ pub async fn main(workload: Workload, runs: usize, as_json: bool) -> i32 {
         let mut reports = Vec::new();
         let mut errors = Vec::new();
         for i in 0..runs {
-            reset_peak_rss();
-            match w.run_once().await {
+            match run_isolated(w).await {
                 Ok(r) => {
                     for line in &r.breakdown {
                         eprintln!("{} run {}: {line}", w.label(), i + 1);
@@ -392,7 +432,7 @@ pub async fn main(workload: Workload, runs: usize, as_json: bool) -> i32 {
                 println!("{} {name} {median:.1}", w.label());
             }
             figures.insert(
-                (*name).to_string(),
+                name.clone(),
                 json!({"median": median, "min": min, "max": max}),
             );
         }
@@ -441,7 +481,7 @@ mod tests {
                 r
             })
             .collect();
-        assert_eq!(summarise(&runs), vec![("x", 2.0, 1.0, 3.0)]);
+        assert_eq!(summarise(&runs), vec![("x".to_string(), 2.0, 1.0, 3.0)]);
     }
 
     #[test]

@@ -65,6 +65,7 @@ pub async fn run(p: &Params) -> anyhow::Result<Report> {
                "workers": setup.workers, "max_children_per_agent": setup.max_children}),
     );
     let task = parent_task(p);
+    let submitted_at = core.now_ms();
     let began = Instant::now();
     let mut req = NewAgentRequest::top_level("local", &task);
     req.definition = Some("fanout".into());
@@ -80,6 +81,17 @@ pub async fn run(p: &Params) -> anyhow::Result<Report> {
         }
         Err(e) => report.fail(format!("{e:#}")),
     }
+    let (first, last, finished) =
+        crate::db::bench::children_timeline(core.db.reader(), &parent).await?;
+    let at = |t: Option<i64>| t.map(|t| t - submitted_at).unwrap_or(-1);
+    report.breakdown.push(format!(
+        "after submit (ms): first child created {}, last child created {}, last child finished {}, \
+         parent answered {:.0}",
+        at(first),
+        at(last),
+        at(finished),
+        wall.as_secs_f64() * 1000.0
+    ));
     let (done, other) = crate::db::bench::finished_agents(core.db.reader()).await?;
     if done != p.children as i64 + 1 || other != 0 {
         report.fail(format!(

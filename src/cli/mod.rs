@@ -77,6 +77,9 @@ pub enum Command {
         /// Runs per workload; figures are the median, with the spread.
         #[arg(long, default_value_t = 1)]
         runs: usize,
+        /// Internal: one run in this process, the report as JSON.
+        #[arg(long, hide = true)]
+        one_run: bool,
     },
     /// Submit a task to a new agent.
     Submit(SubmitArgs),

@@ -76,3 +76,18 @@ pub async fn answers_by_task_line(pool: &SqlitePool) -> DbResult<HashMap<String,
         .map(|(task, n)| (task.lines().next().unwrap_or_default().to_string(), n))
         .collect())
 }
+
+/// When the children of `parent` were created (first, last) and when the
+/// last of them finished, in epoch milliseconds.
+pub async fn children_timeline(
+    pool: &SqlitePool,
+    parent: &str,
+) -> DbResult<(Option<i64>, Option<i64>, Option<i64>)> {
+    Ok(sqlx::query_as(
+        "SELECT min(created_at), max(created_at), max(finished_at)
+           FROM agents WHERE parent_id = ?",
+    )
+    .bind(parent)
+    .fetch_one(pool)
+    .await?)
+}
