@@ -10,12 +10,18 @@ pub mod w4;
 pub mod w5;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use futures::StreamExt;
 
 use serde_json::{json, Value};
 use sqlx::SqlitePool;
 
 use crate::config::Config;
+use crate::core::Core;
+use crate::creation::{self, NewAgentRequest};
 
 /// A workload of BENCH.md.
 #[derive(
@@ -266,6 +272,58 @@ pub async fn wait_all_done(
             anyhow::bail!("only {done} of {expected} agents done after {limit:?}");
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+/// Creates one level-1 agent per task from `clients` concurrent callers
+/// (as independent clients would), handing each new id to `created`.
+pub async fn submit(
+    core: &Arc<Core>,
+    tasks: &[String],
+    clients: usize,
+    mut created: impl FnMut(String),
+) -> anyhow::Result<()> {
+    let mut submits = futures::stream::iter(tasks.iter())
+        .map(|task| {
+            let core = Arc::clone(core);
+            async move { creation::create(&core, NewAgentRequest::top_level("local", task)).await }
+        })
+        .buffer_unordered(clients.max(1));
+    while let Some(r) = submits.next().await {
+        created(r?.agent.id);
+    }
+    Ok(())
+}
+
+/// The writer's counters at one moment, to report what it did since.
+pub struct WriterMark {
+    transactions: u64,
+    writes: u64,
+    busy_us: u64,
+    at: Instant,
+}
+
+impl WriterMark {
+    pub fn take(db: &crate::db::Db) -> Self {
+        let s = db.writer_stats();
+        Self {
+            transactions: s.batches.load(Relaxed),
+            writes: s.writes.load(Relaxed),
+            busy_us: s.busy_us.load(Relaxed),
+            at: Instant::now(),
+        }
+    }
+
+    /// Transactions and writes since the mark, and the share of the wall
+    /// time the writer was busy.
+    pub fn since(&self, db: &crate::db::Db) -> (u64, u64, f64) {
+        let s = db.writer_stats();
+        let wall = self.at.elapsed().as_micros().max(1) as f64;
+        (
+            s.batches.load(Relaxed) - self.transactions,
+            s.writes.load(Relaxed) - self.writes,
+            (s.busy_us.load(Relaxed) - self.busy_us) as f64 / wall,
+        )
     }
 }
 

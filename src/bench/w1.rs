@@ -4,7 +4,6 @@
 //! and complete the batch, every claim and completion committed before it
 //! is acknowledged.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -102,8 +101,7 @@ pub async fn run(p: &Params) -> anyhow::Result<Report> {
     );
 
     let total = 2 * p.jobs;
-    let stats = db.writer_stats();
-    let (batches_before, busy_before) = (stats.batches.load(Relaxed), stats.busy_us.load(Relaxed));
+    let mark = super::WriterMark::take(&db);
     let began = Instant::now();
     let workers: Vec<_> = (0..p.workers.max(1))
         .map(|w| {
@@ -120,12 +118,10 @@ pub async fn run(p: &Params) -> anyhow::Result<Report> {
     }
     let drain = began.elapsed();
     report.figure("drain_per_s", completed as f64 / drain.as_secs_f64());
-    let stats = db.writer_stats();
+    let (transactions, _, busy) = mark.since(&db);
     report.breakdown.push(format!(
-        "drain: {} transactions, writer busy {:.0}% of the wall time",
-        stats.batches.load(Relaxed) - batches_before,
-        (stats.busy_us.load(Relaxed) - busy_before) as f64 / drain.as_micros().max(1) as f64
-            * 100.0
+        "drain: {transactions} transactions, writer busy {:.0}% of the wall time",
+        busy * 100.0
     ));
 
     let counts = jobs::count_by_state(db.reader()).await?;

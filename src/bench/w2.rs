@@ -3,15 +3,12 @@
 //! in-process and once over loopback HTTP. Also samples the per-step time
 //! spent outside the model and the tools.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use serde_json::json;
 
 use super::{ModelSource, Report, Setup, Workload};
 use crate::clock::Clock;
-use crate::creation::{self, NewAgentRequest};
 use crate::App;
 
 #[derive(Debug, Clone)]
@@ -94,22 +91,12 @@ pub async fn pass(p: &Params, model: ModelSource, report: &mut Report) -> anyhow
     let tasks: Vec<String> = (0..p.agents)
         .map(|i| super::echo_task(&format!("bench agent {i}"), p.echoes, 0))
         .collect();
-    let stats = core.db.writer_stats();
-    let (tx0, busy0) = (stats.batches.load(Relaxed), stats.busy_us.load(Relaxed));
+    let mark = super::WriterMark::take(&core.db);
     let began = Instant::now();
-    // Submitted by a few concurrent clients; a burst of hundreds of creates
-    // at once would sit in front of the first steps' writes and measure the
-    // burst, not the steps.
-    let mut submits = futures::stream::iter(tasks.iter())
-        .map(|task| {
-            let core = core.clone();
-            async move { creation::create(&core, NewAgentRequest::top_level("local", task)).await }
-        })
-        .buffer_unordered(8);
-    while let Some(r) = submits.next().await {
-        r?;
-    }
-    drop(submits);
+    // A few concurrent clients: a burst of hundreds of creates at once would
+    // sit in front of the first steps' writes and measure the burst, not
+    // the steps.
+    super::submit(&core, &tasks, 8, drop).await?;
     let waited = super::wait_all_done(
         core.db.reader(),
         p.agents as i64,
@@ -118,9 +105,7 @@ pub async fn pass(p: &Params, model: ModelSource, report: &mut Report) -> anyhow
     )
     .await;
     let wall = began.elapsed();
-    let stats = core.db.writer_stats();
-    let transactions = stats.batches.load(Relaxed) - tx0;
-    let writer_busy = (stats.busy_us.load(Relaxed) - busy0) as f64 / wall.as_micros() as f64;
+    let (transactions, _, writer_busy) = mark.since(&core.db);
     let recorded = crate::db::bench::recorded_steps(core.db.reader()).await;
     let step_us = core
         .step_timings

@@ -3,17 +3,13 @@
 //! them run together; meanwhile a client polls `GET /v1/agents/{id}` at a
 //! fixed rate. Measures peak RSS, the API's p99 latency and the makespan.
 
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use serde_json::json;
-use tokio::sync::Mutex;
 
 use super::{Report, Setup, Workload};
 use crate::clock::Clock;
-use crate::creation::{self, NewAgentRequest};
 use crate::App;
 
 #[derive(Debug, Clone)]
@@ -64,23 +60,12 @@ pub async fn run(p: &Params) -> anyhow::Result<Report> {
         stop.clone(),
     ));
 
-    let stats = core.db.writer_stats();
-    let (tx0, writes0, busy0) = (
-        stats.batches.load(Relaxed),
-        stats.writes.load(Relaxed),
-        stats.busy_us.load(Relaxed),
-    );
+    let mark = super::WriterMark::take(&core.db);
     let began = Instant::now();
-    let mut submits = futures::stream::iter(tasks.iter())
-        .map(|task| {
-            let core = core.clone();
-            async move { creation::create(&core, NewAgentRequest::top_level("local", task)).await }
-        })
-        .buffer_unordered(256);
-    while let Some(r) = submits.next().await {
-        ids.lock().await.push(r?.agent.id);
-    }
-    drop(submits);
+    super::submit(&core, &tasks, 256, |id| {
+        ids.lock().unwrap_or_else(|p| p.into_inner()).push(id)
+    })
+    .await?;
     let submitted = began.elapsed();
     let waited = super::wait_all_done(
         core.db.reader(),
@@ -90,12 +75,10 @@ pub async fn run(p: &Params) -> anyhow::Result<Report> {
     )
     .await;
     let makespan = began.elapsed();
-    let stats = core.db.writer_stats();
+    let (transactions, writes, busy) = mark.since(&core.db);
     let writer = format!(
-        "writer: {} transactions, {} writes, busy {:.0}% of the makespan",
-        stats.batches.load(Relaxed) - tx0,
-        stats.writes.load(Relaxed) - writes0,
-        (stats.busy_us.load(Relaxed) - busy0) as f64 / makespan.as_micros().max(1) as f64 * 100.0
+        "writer: {transactions} transactions, {writes} writes, busy {:.0}% of the makespan",
+        busy * 100.0
     );
     stop.cancel();
     let polls = poller.await?;
@@ -154,7 +137,7 @@ async fn poll_api(
             _ = tick.tick() => {}
         }
         let id = {
-            let ids = ids.lock().await;
+            let ids = ids.lock().unwrap_or_else(|p| p.into_inner());
             if ids.is_empty() {
                 continue;
             }
