@@ -249,13 +249,7 @@ pub async fn create(core: &Arc<Core>, req: NewAgentRequest) -> Result<Created, C
     }
     let now = core.now_ms();
     let plan = plan(core, &req, None, now)?;
-    let script = agents::create_script(
-        &plan.agent,
-        &plan.start(&req, core),
-        core.cfg.agents.max_active_agents_per_user,
-        now,
-    );
-    match core.db.exec(script).await {
+    match core.db.exec(plan.script(&req, core, now)).await {
         Ok(out) => match agents::created(&out)? {
             Some(agent) => {
                 core.signals.publish(plan.created_event(&agent, now));
@@ -294,10 +288,35 @@ async fn user_limit(core: &Core, user: &str) -> CreateError {
         Ok(mut conn) => agents::active_for_user(&mut conn, user).await.unwrap_or(0),
         Err(_) => 0,
     };
+    limit_error(core, user, active)
+}
+
+fn limit_error(core: &Core, user: &str, active: i64) -> CreateError {
     CreateError::Limit(format!(
         "too many active agents for user `{user}` ({active}/{}); wait for some to finish or cancel some",
         core.cfg.agents.max_active_agents_per_user
     ))
+}
+
+/// Writes a planned agent inside a write; its event goes out after COMMIT.
+async fn insert_planned(
+    ctx: &mut WriteCtx,
+    core: &Core,
+    req: &NewAgentRequest,
+    plan: Plan,
+) -> Result<Created, CreateError> {
+    let now = ctx.now;
+    let out = crate::db::writer::run_stmts(ctx, &plan.script(req, core, now)).await?;
+    let Some(agent) = agents::created(&out)? else {
+        let active = agents::active_for_user(&mut ctx.conn, &req.user).await?;
+        return Err(limit_error(core, &req.user, active));
+    };
+    ctx.effects.events.push(plan.created_event(&agent, now));
+    Ok(Created {
+        agent,
+        created: true,
+        dropped_tools: plan.dropped,
+    })
 }
 
 /// Creates a level-1 agent inside an existing write (a schedule's fire
@@ -308,28 +327,8 @@ pub async fn create_top_level_tx(
     req: NewAgentRequest,
 ) -> Result<Created, CreateError> {
     validate(core, &req)?;
-    let now = ctx.now;
-    let plan = plan(core, &req, None, now)?;
-    let script = agents::create_script(
-        &plan.agent,
-        &plan.start(&req, core),
-        core.cfg.agents.max_active_agents_per_user,
-        now,
-    );
-    let out = crate::db::writer::run_stmts(ctx, &script).await?;
-    let Some(agent) = agents::created(&out)? else {
-        let active = agents::active_for_user(&mut ctx.conn, &req.user).await?;
-        return Err(CreateError::Limit(format!(
-            "too many active agents for user `{}` ({active}/{})",
-            req.user, core.cfg.agents.max_active_agents_per_user
-        )));
-    };
-    ctx.effects.events.push(plan.created_event(&agent, now));
-    Ok(Created {
-        agent,
-        created: true,
-        dropped_tools: plan.dropped,
-    })
+    let plan = plan(core, &req, None, ctx.now)?;
+    insert_planned(ctx, core, &req, plan).await
 }
 
 /// A child is created in a closure: the parent row (its budget, deadline,
@@ -415,26 +414,7 @@ async fn create_child_tx(
         }),
         now,
     )?;
-    let script = agents::create_script(
-        &plan.agent,
-        &plan.start(&req, core),
-        cfg.max_active_agents_per_user,
-        now,
-    );
-    let out = crate::db::writer::run_stmts(ctx, &script).await?;
-    let Some(agent) = agents::created(&out)? else {
-        let active = agents::active_for_user(&mut ctx.conn, &req.user).await?;
-        return Err(CreateError::Limit(format!(
-            "too many active agents for user `{}` ({active}/{}); wait for some to finish or cancel some",
-            req.user, cfg.max_active_agents_per_user
-        )));
-    };
-    ctx.effects.events.push(plan.created_event(&agent, now));
-    Ok(Created {
-        agent,
-        created: true,
-        dropped_tools: plan.dropped,
-    })
+    insert_planned(ctx, core, &req, plan).await
 }
 
 /// What the parent contributes to a child.
@@ -455,14 +435,22 @@ struct Plan {
 }
 
 impl Plan {
-    fn start<'a>(&'a self, req: &'a NewAgentRequest, core: &Core) -> agents::Start<'a> {
-        agents::Start {
+    /// The one script that writes the agent, its first messages, its first
+    /// turn job and its event (refused over the user's active limit).
+    fn script(&self, req: &NewAgentRequest, core: &Core, now: i64) -> crate::db::Stmt {
+        let start = agents::Start {
             system_prompt: &self.system_prompt,
             first_origin: req.origin,
             first_sender: req.sender.as_deref(),
             job_max_attempts: core.cfg.workers.max_attempts,
             event_data: self.event_data.clone(),
-        }
+        };
+        agents::create_script(
+            &self.agent,
+            &start,
+            core.cfg.agents.max_active_agents_per_user,
+            now,
+        )
     }
 
     fn created_event(&self, agent: &AgentRow, now: i64) -> crate::events::Event {

@@ -38,25 +38,46 @@ pub struct CronSpec {
     tz: Option<Tz>,
 }
 
+/// Why a schedule's cron or timezone was refused, and which of the two.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct CronError {
+    /// `cron` or `timezone`.
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl CronError {
+    fn cron(message: String) -> Self {
+        Self {
+            field: "cron",
+            message,
+        }
+    }
+}
+
 impl CronSpec {
     /// Parses 5-field (minute first) or 6-field (second first) expressions
     /// and an optional IANA timezone; errors say what is wrong.
-    pub fn parse(expr: &str, timezone: Option<&str>) -> Result<Self, String> {
+    pub fn parse(expr: &str, timezone: Option<&str>) -> Result<Self, CronError> {
         let fields = expr.split_whitespace().count();
         if fields != 5 && fields != 6 {
-            return Err(format!(
+            return Err(CronError::cron(format!(
                 "`{expr}` has {fields} fields; use 5 (minute hour day-of-month month day-of-week) or 6 (with seconds first)"
-            ));
+            )));
         }
         let cron = CronParser::builder()
             .seconds(Seconds::Optional)
             .build()
             .parse(expr)
-            .map_err(|e| format!("`{expr}` is not a valid cron expression: {e}"))?;
+            .map_err(|e| {
+                CronError::cron(format!("`{expr}` is not a valid cron expression: {e}"))
+            })?;
         let tz = match timezone.map(str::trim).filter(|t| !t.is_empty()) {
             None => None,
-            Some(t) => Some(Tz::from_str(t).map_err(|_| {
-                format!("unknown timezone `{t}` (use an IANA name like Europe/Berlin)")
+            Some(t) => Some(Tz::from_str(t).map_err(|_| CronError {
+                field: "timezone",
+                message: format!("unknown timezone `{t}` (use an IANA name like Europe/Berlin)"),
             })?),
         };
         Ok(Self { cron, tz })
@@ -446,14 +467,14 @@ mod tests {
 
     #[test]
     fn bad_input_says_what_is_wrong() {
-        assert!(CronSpec::parse("* * *", None)
-            .unwrap_err()
-            .contains("has 3 fields"));
-        assert!(CronSpec::parse("61 * * * *", None)
-            .unwrap_err()
-            .contains("not a valid cron"));
-        assert!(CronSpec::parse("* * * * *", Some("Mars/Olympus"))
-            .unwrap_err()
-            .contains("unknown timezone"));
+        let e = CronSpec::parse("* * *", None).unwrap_err();
+        assert!(e.message.contains("has 3 fields"));
+        assert_eq!(e.field, "cron");
+        let e = CronSpec::parse("61 * * * *", None).unwrap_err();
+        assert!(e.message.contains("not a valid cron"));
+        assert_eq!(e.field, "cron");
+        let e = CronSpec::parse("* * * * *", Some("Mars/Olympus")).unwrap_err();
+        assert!(e.message.contains("unknown timezone"));
+        assert_eq!(e.field, "timezone");
     }
 }

@@ -119,14 +119,8 @@ async fn create(
     AuthUser(user): AuthUser,
     JsonBody(b): JsonBody<CreateBody>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let spec = CronSpec::parse(&b.cron, b.timezone.as_deref()).map_err(|e| {
-        let field = if e.starts_with("unknown timezone") {
-            "timezone"
-        } else {
-            "cron"
-        };
-        ApiError::invalid(field, e)
-    })?;
+    let spec = CronSpec::parse(&b.cron, b.timezone.as_deref())
+        .map_err(|e| ApiError::invalid(e.field, e.message))?;
     let overlap = check_overlap(b.overlap.as_deref())?;
     let notify = check_notify(&b.notify)?;
     let (agent, target) = match b.kind.as_str() {
@@ -298,14 +292,8 @@ async fn patch(
     if let Some(e) = b.enabled {
         s.enabled = e;
     }
-    let spec = CronSpec::parse(&s.cron, s.timezone.as_deref()).map_err(|e| {
-        let field = if e.starts_with("unknown timezone") {
-            "timezone"
-        } else {
-            "cron"
-        };
-        ApiError::invalid(field, e)
-    })?;
+    let spec = CronSpec::parse(&s.cron, s.timezone.as_deref())
+        .map_err(|e| ApiError::invalid(e.field, e.message))?;
     let now = core.now_ms();
     s.next_fire_at = if s.enabled {
         spec.next_after(now)

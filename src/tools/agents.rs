@@ -27,12 +27,37 @@ pub async fn resolve_agent(ctx: &ToolCtx<'_>, r: &str) -> Result<AgentRow, Strin
     }
 }
 
+/// The parameters of a tool whose one argument is an agent.
+pub fn agent_params() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"agent": {"type": "string", "description": "id or handle"}},
+        "required": ["agent"],
+        "additionalProperties": false
+    })
+}
+
+/// Parses a one-agent tool's arguments and resolves the agent; the error
+/// is the tool's answer. Also returns the reference as the model gave it.
+pub async fn agent_arg(
+    ctx: &ToolCtx<'_>,
+    tool: &str,
+    args: Value,
+) -> Result<(String, AgentRow), ToolOutput> {
+    let a: AgentArg = parse(tool, args)?;
+    let row = resolve_agent(ctx, &a.agent)
+        .await
+        .map_err(ToolOutput::Err)?;
+    Ok((a.agent, row))
+}
+
 fn parse<T: for<'de> Deserialize<'de>>(tool: &str, args: Value) -> Result<T, ToolOutput> {
     serde_json::from_value(args)
         .map_err(|e| ToolOutput::Err(format!("invalid arguments for `{tool}`: {e}")))
 }
 
-async fn handle_of(ctx: &ToolCtx<'_>, a: &AgentRow) -> String {
+/// An agent's handle (its id's first 8 characters if the lookup fails).
+pub async fn handle_of(ctx: &ToolCtx<'_>, a: &AgentRow) -> String {
     agents::handle(ctx.core.db.reader(), &a.user_name, &a.id)
         .await
         .unwrap_or_else(|_| a.id[..8].to_string())
@@ -350,23 +375,14 @@ impl Tool for AgentStatusTool {
         ToolSpec {
             name: "agent_status".into(),
             description: "Status, level, role, elapsed time, task and result preview of one agent (id or handle).".into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {"agent": {"type": "string", "description": "id or handle"}},
-                "required": ["agent"],
-                "additionalProperties": false
-            }),
+            parameters: agent_params(),
         }
     }
 
     async fn call(&self, ctx: &ToolCtx<'_>, args: Value) -> ToolOutput {
-        let a: AgentArg = match parse("agent_status", args) {
-            Ok(a) => a,
+        let (_, t) = match agent_arg(ctx, "agent_status", args).await {
+            Ok(x) => x,
             Err(e) => return e,
-        };
-        let t = match resolve_agent(ctx, &a.agent).await {
-            Ok(t) => t,
-            Err(e) => return ToolOutput::Err(e),
         };
         let h = handle_of(ctx, &t).await;
         let end = t.finished_at.unwrap_or_else(|| ctx.core.now_ms());
@@ -466,20 +482,11 @@ impl Tool for AgentCancel {
         ToolSpec {
             name: "agent_cancel".into(),
             description: "Cancel an agent and all its sub-agents. Admin users only; asks a human for approval.".into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {"agent": {"type": "string", "description": "id or handle"}},
-                "required": ["agent"],
-                "additionalProperties": false
-            }),
+            parameters: agent_params(),
         }
     }
 
     async fn call(&self, ctx: &ToolCtx<'_>, args: Value) -> ToolOutput {
-        let a: AgentArg = match parse("agent_cancel", args) {
-            Ok(a) => a,
-            Err(e) => return e,
-        };
         let admin = ctx
             .core
             .auth
@@ -492,9 +499,9 @@ impl Tool for AgentCancel {
                 ctx.agent.user_name
             ));
         }
-        let t = match resolve_agent(ctx, &a.agent).await {
-            Ok(t) => t,
-            Err(e) => return ToolOutput::Err(e),
+        let (_, t) = match agent_arg(ctx, "agent_cancel", args).await {
+            Ok(x) => x,
+            Err(e) => return e,
         };
         if t.id == ctx.agent.id || t.is_ancestor_of(ctx.agent) {
             return ToolOutput::Err(
@@ -522,26 +529,17 @@ impl Tool for CloseAgent {
         ToolSpec {
             name: "close_agent".into(),
             description: "Close a sub-agent you spawned: it accepts no more messages.".into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {"agent": {"type": "string", "description": "id or handle"}},
-                "required": ["agent"],
-                "additionalProperties": false
-            }),
+            parameters: agent_params(),
         }
     }
 
     async fn call(&self, ctx: &ToolCtx<'_>, args: Value) -> ToolOutput {
-        let a: AgentArg = match parse("close_agent", args) {
-            Ok(a) => a,
+        let (reference, t) = match agent_arg(ctx, "close_agent", args).await {
+            Ok(x) => x,
             Err(e) => return e,
         };
-        let t = match resolve_agent(ctx, &a.agent).await {
-            Ok(t) => t,
-            Err(e) => return ToolOutput::Err(e),
-        };
         if t.parent_id.as_deref() != Some(ctx.agent.id.as_str()) {
-            return ToolOutput::Err(format!("`{}` is not a sub-agent you spawned", a.agent));
+            return ToolOutput::Err(format!("`{}` is not a sub-agent you spawned", reference));
         }
         let h = handle_of(ctx, &t).await;
         match lifecycle::close(ctx.core, &t.id).await {

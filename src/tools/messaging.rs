@@ -5,9 +5,8 @@
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::agents::resolve_agent;
+use super::agents::{agent_arg, agent_params, handle_of, resolve_agent};
 use super::{Permission, Tool, ToolCtx, ToolOutput};
-use crate::db::agents;
 use crate::delivery::{self, DeliverError, Delivery, Message};
 use crate::model::types::ToolSpec;
 use crate::types::Origin;
@@ -60,13 +59,8 @@ impl Tool for SendToAgent {
         if target.id == ctx.agent.id {
             return ToolOutput::Err("send_to_agent cannot send to yourself".into());
         }
-        let reader = ctx.core.db.reader();
-        let me = agents::handle(reader, &ctx.agent.user_name, &ctx.agent.id)
-            .await
-            .unwrap_or_else(|_| ctx.agent.id[..8].to_string());
-        let h = agents::handle(reader, &target.user_name, &target.id)
-            .await
-            .unwrap_or_else(|_| target.id[..8].to_string());
+        let me = handle_of(ctx, ctx.agent).await;
+        let h = handle_of(ctx, &target).await;
         let m = Message {
             target: target.id.clone(),
             content: format!("[message from agent {me}]\n\n{}", a.message),
@@ -95,11 +89,6 @@ impl Tool for SendToAgent {
 /// `read_agent(agent)`: the last completed turn of another agent.
 pub struct ReadAgent;
 
-#[derive(Deserialize)]
-struct ReadArgs {
-    agent: String,
-}
-
 #[async_trait::async_trait]
 impl Tool for ReadAgent {
     fn spec(&self) -> ToolSpec {
@@ -107,12 +96,7 @@ impl Tool for ReadAgent {
             name: "read_agent".into(),
             description: "Read another agent's last completed answer (id or handle). Never blocks."
                 .into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {"agent": {"type": "string", "description": "id or handle"}},
-                "required": ["agent"],
-                "additionalProperties": false
-            }),
+            parameters: agent_params(),
         }
     }
 
@@ -121,17 +105,11 @@ impl Tool for ReadAgent {
     }
 
     async fn call(&self, ctx: &ToolCtx<'_>, args: Value) -> ToolOutput {
-        let a: ReadArgs = match serde_json::from_value(args) {
-            Ok(a) => a,
-            Err(e) => return ToolOutput::Err(format!("invalid arguments for `read_agent`: {e}")),
+        let (_, t) = match agent_arg(ctx, "read_agent", args).await {
+            Ok(x) => x,
+            Err(e) => return e,
         };
-        let t = match resolve_agent(ctx, &a.agent).await {
-            Ok(t) => t,
-            Err(e) => return ToolOutput::Err(e),
-        };
-        let h = agents::handle(ctx.core.db.reader(), &t.user_name, &t.id)
-            .await
-            .unwrap_or_else(|_| t.id[..8].to_string());
+        let h = handle_of(ctx, &t).await;
         // `result` holds the last completed turn; while a turn runs it is
         // still the previous one.
         let body = match t.result.as_deref() {

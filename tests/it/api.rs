@@ -324,3 +324,26 @@ async fn health_and_readiness() {
     let _ = Harness::remote(&h.base);
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_active_agent_limit_refuses_until_one_finishes() {
+    let env = Env::new().await;
+    let h = env.start("[agents]\nmax_active_agents_per_user = 2").await;
+    let slow = scripted("slow", json!([{"say": "late", "delay_ms": 30000}]));
+    let a = h.submit_task(&slow).await;
+    h.submit_task(&slow).await;
+    let (status, body) = h.post("/v1/agents", json!({"task": "third"})).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("too many active agents") && message.contains("(2/2)"),
+        "{body}"
+    );
+    // Cancelling one frees its place.
+    let id = a["id"].as_str().unwrap();
+    let (status, _) = h.post(&format!("/v1/agents/{id}/cancel"), json!({})).await;
+    assert!(status.is_success());
+    let (status, body) = h.post("/v1/agents", json!({"task": "fourth"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    h.shutdown().await;
+}
